@@ -1,0 +1,85 @@
+"""The application-facing API (thesis Table 4.1, DESIGN.md §1).
+
+An app subclasses :class:`Driver` (lives in the master) and :class:`Executor` (lives on some worker).
+Everything elastic is invisible from here: the runtime binds each object to a context object that
+implements the framework-provided methods, and swaps that context when the object moves.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable, Iterable
+from typing import Any
+
+
+class Driver:
+    """Dispatches micro-tasks to executors and reacts to their completion."""
+
+    config: dict
+    num_executors: int
+    _litz = None  # bound by the master: litz.master.DriverContext
+
+    # -- defined by the application ------------------------------------------------------------------
+    def dispatch_initial_tasks(self) -> None:
+        raise NotImplementedError("the Driver must define dispatch_initial_tasks()")
+
+    def handle_task_completion(self, result: Any) -> None:
+        raise NotImplementedError("the Driver must define handle_task_completion(result)")
+
+    # -- provided by the framework -------------------------------------------------------------------
+    def dispatch_task(self, executor: int, args: Any = None) -> None:
+        """Queue a micro-task for ``executor``; it observes every update of every task already completed."""
+        self._litz.dispatch_task(executor, args)
+
+    def report(self, **metrics: Any) -> None:
+        """Record progress (objective, epoch, ...) with a timestamp; shown in the progress line and --metrics."""
+        self._litz.report(metrics, time.time())
+
+    def finish(self, result: Any = None) -> None:
+        """End the job; ``result`` must be JSON-serialisable."""
+        self._litz.finish(result)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_litz", None)
+        return state
+
+
+class Executor:
+    """A logical unit of input data and state; the runtime maps executors onto worker processes."""
+
+    input_attrs: tuple = ()
+    executor_id: int
+    num_executors: int
+    config: dict
+    _litz = None  # bound by the worker: litz.worker.ExecutorContext
+
+    # -- defined by the application ------------------------------------------------------------------
+    def load_input(self) -> None:
+        """Load this executor's partition of the input (shared storage or a generator)."""
+
+    def run_task(self, args: Any) -> Any:
+        raise NotImplementedError("the Executor must define run_task(args)")
+
+    # -- provided by the framework -------------------------------------------------------------------
+    def ps_get(self, key: Hashable) -> Any:
+        """The value of ``key`` (read-only numpy array or number), or None if never updated."""
+        return self._litz.ps_get(key)
+
+    def ps_get_many(self, keys: Iterable[Hashable]) -> list:
+        return self._litz.ps_get_many(list(keys))
+
+    def ps_update(self, key: Hashable, delta: Any) -> None:
+        """Add ``delta`` to the value of ``key`` (a missing key starts at zero)."""
+        self._litz.ps_update(key, delta)
+
+    def ps_update_many(self, items: Iterable[tuple]) -> None:
+        self._litz.ps_update_many(items)
+
+    def signal_task_completion(self, result: Any = None) -> None:
+        """Complete the running micro-task with ``result``; its return value is then ignored."""
+        self._litz.signal_task_completion(result)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_litz", None)
+        return state

@@ -1,0 +1,93 @@
+"""``litz``: run a job on this machine, or one role of a cluster job."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .common import main_guard, parse_config
+
+DESCRIPTION = """Litz runs elastic machine-learning jobs: a driver dispatches micro-tasks to executors that
+read and update a sharded parameter server; the runtime maps executors onto worker processes and shards
+onto server processes.
+
+  litz run APP         the whole job on this machine (no setup needed)
+  litz master APP      cluster mode: the job's master (one per job)
+  litz worker          cluster mode: a worker process (any number, join any time)
+  litz server          cluster mode: a parameter-server process (any number)
+
+APP is a module name resolved from the current directory (e.g. apps.mlr) or a path to a .py file."""
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _job_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("app", help="module name (resolved from the current directory) or path to a .py file")
+    p.add_argument("--executors", type=_positive, help="logical executors (default: 4 per initial worker)")
+    p.add_argument("--shards", type=_positive, help="logical parameter-server shards (default: max(64, 8 per server))")
+    p.add_argument("--config", action="append", metavar="KEY=VALUE",
+                   help="app setting, JSON-decoded where possible; repeat for several")
+    p.add_argument("--output", metavar="RESULT.json", help="write result, timings and events as JSON")
+    p.add_argument("--metrics", metavar="METRICS.jsonl", help="append one JSON line per driver report()")
+    p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+
+
+def _role_options(p: argparse.ArgumentParser, local_home: bool = False) -> None:
+    p.add_argument("--name", required=True, help="the job's name")
+    p.add_argument("--etcd", metavar="HOST:PORT", help="etcd endpoint of the cluster's registry")
+    p.add_argument("--secret-file", help="file holding the job secret (default: from the registry)")
+    p.add_argument("--host", default="127.0.0.1", help="address other processes reach this one at")
+    p.add_argument("--bind", help="address to bind (default: --host)")
+    p.add_argument("--home", help=argparse.SUPPRESS)  # the local registry directory of `litz run`
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="litz", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser("run", help="run a job on this machine", description="Run a job on this machine.")
+    _job_options(run)
+    run.add_argument("--workers", type=_positive, default=2, help="worker processes (default 2)")
+    run.add_argument("--servers", type=_positive, default=1, help="server processes (default 1)")
+    run.add_argument("--name", help="job name for litzctl (default: APP-PID-TIME)")
+    for role in ("worker", "server"):
+        p = sub.add_parser(role, help=f"cluster mode: a {role} process",
+                           description=f"Join job NAME as a {role} process.")
+        _role_options(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+
+    def body() -> int:
+        if args.command == "run":
+            import litz
+
+            opts = {"output": args.output, "metrics": args.metrics, "progress": not args.no_progress,
+                    "shards": args.shards}
+            if args.name:
+                opts["name"] = args.name
+            result = litz.run(args.app, workers=args.workers, servers=args.servers,
+                              executors=args.executors, config=parse_config(args.config), **opts)
+            print(json.dumps(result))
+            return 0
+        from ..roles import serve
+
+        serve(args.command, args.name, etcd=args.etcd, home=args.home, secret_file=args.secret_file,
+              host=args.host, bind_host=args.bind)
+        return 0
+
+    return main_guard("litz", body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""Job membership over a KV with leases.
+
+Layout under ``litz/jobs/<name>/``::
+
+    master          the master's address, pid, host (leased: gone when the master is)
+    members/<id>    one per worker/server: role, address, pid, host (leased)
+    ids/<id>        allocated process ids, never reused within a job
+    status          the master's latest status document (leased)
+    requests/<rid>  litzctl requests; the master answers under responses/<rid>
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import threading
+import time
+from typing import Any
+
+from ..errors import LitzError
+from .kv import KV, Lease
+
+DEFAULT_TTL = 3.0
+
+
+def litz_home() -> str:
+    return os.environ.get("LITZ_HOME") or os.path.join(os.path.expanduser("~"), ".litz")
+
+
+def connect_kv(etcd: str | None = None, home: str | None = None) -> KV:
+    """The registry a job lives in: etcd when ``etcd`` is given, else the local directory registry."""
+    if etcd:
+        from .etcdkv import EtcdKV  # imported lazily: local jobs need no etcd client
+
+        return EtcdKV(etcd)
+    from .filekv import FileKV
+
+    return FileKV(os.path.join(home or litz_home(), "registry"))
+
+
+class Membership:
+    def __init__(self, kv: KV, job: str, ttl: float = DEFAULT_TTL):
+        if not job or "/" in job:
+            raise LitzError(f"bad job name {job!r}")
+        self.kv, self.job, self.ttl = kv, job, ttl
+        self.prefix = f"litz/jobs/{job}/"
+        self._lease: Lease | None = None
+        self._keeper: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.lost = threading.Event()  # set if our own lease lapsed (we are considered dead)
+
+    # -- own registration ----------------------------------------------------------------------------
+    def _start_keepalive(self) -> Lease:
+        if self._lease is None:
+            self._lease = self.kv.lease(self.ttl)
+            self._keeper = threading.Thread(target=self._keepalive, name="litz-lease", daemon=True)
+            self._keeper.start()
+        return self._lease
+
+    def _keepalive(self) -> None:
+        while not self._stop.wait(self.ttl / 4):
+            try:
+                if not self._lease.refresh():
+                    self.lost.set()
+                    return
+            except Exception:  # registry unreachable: keep trying until the lease would lapse
+                continue
+
+    def register_master(self, info: dict) -> None:
+        lease = self._start_keepalive()
+        info = {**info, "pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+        if not self.kv.create(self.prefix + "master", info, lease):
+            other = self.kv.get(self.prefix + "master") or {}
+            raise LitzError(f"job {self.job!r} already has a master (pid {other.get('pid')} on "
+                            f"{other.get('host')})")
+
+    def allocate_id(self, role: str) -> str:
+        letter = {"worker": "w", "server": "s"}[role]
+        taken = self.kv.get_prefix(self.prefix + "ids/")
+        n = len([k for k in taken if k.rsplit("/", 1)[1].startswith(letter)])
+        while not self.kv.create(f"{self.prefix}ids/{letter}{n}", time.time()):
+            n += 1
+        return f"{letter}{n}"
+
+    def register(self, role: str, ident: str, info: dict) -> None:
+        lease = self._start_keepalive()
+        info = {**info, "role": role, "id": ident, "pid": os.getpid(), "host": socket.gethostname()}
+        self.kv.put(self.prefix + "members/" + ident, info, lease)
+
+    def unregister(self) -> None:
+        self._stop.set()
+        if self._lease is not None:
+            try:
+                self._lease.revoke()
+            except Exception:
+                pass
+            self._lease = None
+
+    # -- reading -------------------------------------------------------------------------------------
+    def master(self) -> dict | None:
+        return self.kv.get(self.prefix + "master")
+
+    def members(self) -> dict[str, dict]:
+        n = len(self.prefix) + len("members/")
+        return {k[n:]: v for k, v in self.kv.get_prefix(self.prefix + "members/").items()}
+
+    def member(self, ident: str) -> dict | None:
+        return self.kv.get(self.prefix + "members/" + ident)
+
+    def wait_master(self, timeout: float) -> dict:
+        deadline = time.time() + timeout
+        while True:
+            info = self.master()
+            if info:
+                return info
+            if time.time() > deadline:
+                raise LitzError(f"no master for job {self.job!r} appeared within {timeout:.0f} s")
+            time.sleep(0.1)
+
+    # -- job-level values ----------------------------------------------------------------------------
+    def put(self, name: str, value: Any, leased: bool = False) -> None:
+        self.kv.put(self.prefix + name, value, self._lease if leased else None)
+
+    def get(self, name: str) -> Any | None:
+        return self.kv.get(self.prefix + name)
+
+    def clear(self) -> None:
+        """Remove everything the job left in the registry (at the end of a job)."""
+        self.kv.delete_prefix(self.prefix)
+
+    # -- requests from litzctl -----------------------------------------------------------------------
+    def post_request(self, command: str, args: dict) -> str:
+        rid = secrets.token_hex(6)
+        self.kv.put(f"{self.prefix}requests/{rid}", {"command": command, "args": args, "t": time.time()})
+        return rid
+
+    def take_requests(self) -> list[tuple[str, dict]]:
+        n = len(self.prefix) + len("requests/")
+        out = []
+        for key, value in sorted(self.kv.get_prefix(self.prefix + "requests/").items(),
+                                 key=lambda kv: kv[1].get("t", 0)):
+            self.kv.delete(key)
+            out.append((key[n:], value))
+        return out
+
+    def respond(self, rid: str, response: dict) -> None:
+        self.kv.put(f"{self.prefix}responses/{rid}", response)
+
+    def wait_response(self, rid: str, timeout: float) -> dict | None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            resp = self.kv.get(f"{self.prefix}responses/{rid}")
+            if resp is not None:
+                self.kv.delete(f"{self.prefix}responses/{rid}")
+                return resp
+            time.sleep(0.05)
+        return None

@@ -1,0 +1,42 @@
+"""What every Litz process shares: an endpoint, the job membership, and finding peers by id."""
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+from .errors import LitzError
+from .membership import Membership
+from .transport import Endpoint
+
+
+def die_with_parent() -> None:
+    """Local children end when their launcher ends, even if it is killed (Linux PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class Process:
+    def __init__(self, ident: str, membership: Membership, secret: str, host: str = "127.0.0.1",
+                 port: int = 0, bind_host: str | None = None):
+        self.ident = ident
+        self.membership = membership
+        self.endpoint = Endpoint(ident, secret, host=host, port=port, bind_host=bind_host)
+        self.pid = os.getpid()
+
+    def send(self, peer: str, msg: Any) -> int:
+        ep = self.endpoint
+        if not ep.knows(peer):
+            info = self.membership.master() if peer == "master" else self.membership.member(peer)
+            if info is None:
+                raise LitzError(f"{self.ident}: unknown peer {peer}")
+            ep.connect(peer, info["address"])
+        return ep.send(peer, msg)
+
+    def close(self) -> None:
+        self.endpoint.close()

@@ -1,0 +1,15 @@
+"""Message tags. A message is a tuple whose first element is one of these."""
+
+HELLO = "hello"        # worker/server -> master: (HELLO, role, info)
+APP = "app"            # master -> worker: (APP, executor_blob, config, num_executors)
+SHARDS = "shards"      # master -> worker/server: (SHARDS, num_shards, owners)
+CREATE = "create"      # master -> worker: (CREATE, [eid, ...])
+READY = "ready"        # worker -> master: (READY, [eid, ...])
+TASKS = "tasks"        # master -> worker: (TASKS, [(task_id, eid, version, args), ...])
+DONE = "done"          # worker -> master: (DONE, [(task_id, result), ...])
+FAIL = "fail"          # any -> master: (FAIL, where, traceback_text)
+GETS = "gets"          # worker -> server: (GETS, [(request_id, shard, key), ...])
+VALUES = "values"      # server -> worker: (VALUES, [(request_id, value), ...])
+UPDATES = "updates"    # worker -> server: (UPDATES, flush_id, [(shard, key, delta), ...])
+ACK = "ack"            # server -> worker: (ACK, flush_id, [error, ...])
+STOP = "stop"          # master -> worker/server: (STOP,)

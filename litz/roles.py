@@ -1,0 +1,48 @@
+"""Starting one worker or server process: find the job, get its secret, register, serve until told to stop."""
+from __future__ import annotations
+
+import os
+
+from .errors import LitzError
+from .membership import Membership, connect_kv
+from .process import die_with_parent
+
+
+def job_secret(membership: Membership, secret_file: str | None = None) -> str:
+    """The job secret: from the launcher's environment, a file, or the job registry (cluster mode)."""
+    if os.environ.get("LITZ_SECRET"):
+        return os.environ["LITZ_SECRET"]
+    if secret_file:
+        try:
+            with open(secret_file) as f:
+                return f.read().strip()
+        except OSError as exc:
+            raise LitzError(f"cannot read secret file {secret_file}: {exc.strerror}") from None
+    secret = membership.get("secret")
+    if not secret:
+        raise LitzError(f"job {membership.job!r} has no secret in the registry; pass --secret-file")
+    return secret
+
+
+def serve(role: str, name: str, *, etcd: str | None = None, home: str | None = None,
+          secret_file: str | None = None, host: str = "127.0.0.1", bind_host: str | None = None,
+          ident: str | None = None, start_timeout: float = 60.0) -> None:
+    if os.environ.get("LITZ_PARENT_PID"):
+        die_with_parent()
+        if os.getppid() != int(os.environ["LITZ_PARENT_PID"]):
+            return  # the launcher is already gone
+    from .server import Server
+    from .worker import Worker
+
+    membership = Membership(connect_kv(etcd, home), name)
+    secret = job_secret(membership, secret_file)
+    membership.wait_master(start_timeout)
+    ident = ident or membership.allocate_id(role)
+    cls = Worker if role == "worker" else Server
+    proc = cls(ident, membership, secret, host=host, bind_host=bind_host)
+    membership.register(role, ident, {"address": proc.endpoint.address})
+    try:
+        proc.run()
+    finally:
+        membership.unregister()
+        proc.close()

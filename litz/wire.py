@@ -1,0 +1,35 @@
+"""Message encoding: pickle protocol 5 with numpy buffers carried out-of-band as separate frames.
+
+A message is ``[header, buf0, buf1, ...]``: the header is the pickle stream, each large contiguous buffer
+(numpy array data) travels as its own ZeroMQ frame, so neither side copies array payloads.
+"""
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+# Buffers smaller than this are pickled in-band: a separate frame costs more than copying a few bytes.
+OUT_OF_BAND_MIN_BYTES = 1024
+
+
+def encode(obj: Any) -> list:
+    """Frames for ``obj``: the pickle header first, then out-of-band buffers."""
+    frames: list = [None]
+
+    def keep_out_of_band(buf: pickle.PickleBuffer) -> bool:
+        raw = buf.raw()
+        if raw.nbytes < OUT_OF_BAND_MIN_BYTES:
+            return True  # pickle in-band
+        frames.append(raw)
+        return False
+
+    frames[0] = pickle.dumps(obj, protocol=5, buffer_callback=keep_out_of_band)
+    return frames
+
+
+def decode(frames: list) -> Any:
+    """Inverse of :func:`encode`; arrays reference the received frames (read-only, zero-copy)."""
+    head = frames[0]
+    head = head.buffer if hasattr(head, "buffer") else head
+    bufs = [f.buffer if hasattr(f, "buffer") else f for f in frames[1:]]
+    return pickle.loads(head, buffers=bufs)

@@ -1,0 +1,267 @@
+"""Worker process: hosts executors and runs their micro-tasks as greenlets.
+
+The event loop is the main greenlet. A task that misses the parameter cache registers what it needs and
+switches back to the loop, which runs other tasks, sends every pending get in one message per server,
+and resumes the task when its values arrive. Finished tasks' results are held until the update log
+that holds their updates has been flushed to the servers and acknowledged (thesis §4.4).
+"""
+from __future__ import annotations
+
+import time
+import traceback
+from collections import defaultdict, deque
+from collections.abc import Hashable, Iterable
+from typing import Any
+
+import cloudpickle
+import greenlet
+
+from . import protocol as P
+from .api import Executor
+from .cache import MISS, ParamCache, UpdateLog
+from .errors import LitzError
+from .keys import ShardMap
+from .process import Process
+
+RUN_SLICE_S = 0.02  # longest stretch of task execution between two looks at the network
+
+
+class Task:
+    __slots__ = ("tid", "eid", "version", "args", "glet", "result", "signalled", "values", "missing")
+
+    def __init__(self, tid: int, eid: int, version: int, args: Any):
+        self.tid, self.eid, self.version, self.args = tid, eid, version, args
+        self.glet = None
+        self.result = None
+        self.signalled = False
+        self.values: list | None = None
+        self.missing = 0
+
+
+class Fetch:
+    __slots__ = ("key", "version", "waiters")
+
+    def __init__(self, key: Hashable, version: int):
+        self.key, self.version = key, version
+        self.waiters: list[tuple[Task, int]] = []
+
+
+class Worker(Process):
+    role = "worker"
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.executor_cls: type | None = None
+        self.config: dict = {}
+        self.num_executors = 0
+        self.executors: dict[int, Executor] = {}
+        self.shardmap: ShardMap | None = None
+        self.cache = ParamCache()
+        self.log = UpdateLog()
+        self.runnable: deque[Task] = deque()
+        self.current: Task | None = None
+        self.main = greenlet.getcurrent()
+        self.fetches: dict[int, Fetch] = {}
+        self.fetch_by_key: dict[Hashable, Fetch] = {}
+        self.out_gets: dict[str, list] = defaultdict(list)
+        self.completed: list[tuple[int, Any]] = []
+        self.flushing: tuple[int, set, list] | None = None
+        self.next_rid = 0
+        self.next_fid = 0
+        self.running = True
+        self.tasks_run = 0
+
+    # -- event loop ----------------------------------------------------------------------------------
+    def run(self) -> None:
+        self.send("master", (P.HELLO, "worker", {"address": self.endpoint.address}))
+        ep = self.endpoint
+        last_check = time.time()
+        while self.running:
+            if ep.poll(0 if self.runnable else 100):
+                for sender, msg in ep.drain():
+                    self.handle(sender, msg)
+                    if not self.running:
+                        return
+            if self.runnable:
+                self.run_slice()
+            if self.out_gets:
+                self.send_gets()
+            if self.completed and self.flushing is None:
+                self.flush()
+            now = time.time()
+            if now - last_check > 1.0:
+                last_check = now
+                if self.membership.lost.is_set() or self.membership.master() is None:
+                    return  # master gone or we were declared dead
+
+    def handle(self, sender: str, msg: tuple) -> None:
+        tag = msg[0]
+        if tag == P.TASKS:
+            for tid, eid, version, args in msg[1]:
+                self.runnable.append(Task(tid, eid, version, args))
+        elif tag == P.VALUES:
+            self.on_values(msg[1])
+        elif tag == P.ACK:
+            self.on_ack(sender, msg[1], msg[2])
+        elif tag == P.APP:
+            _, blob, self.config, self.num_executors = msg
+            self.executor_cls = cloudpickle.loads(blob)
+        elif tag == P.SHARDS:
+            self.shardmap = ShardMap(msg[1], list(msg[2]))
+        elif tag == P.CREATE:
+            self.create_executors(msg[1])
+        elif tag == P.STOP:
+            self.running = False
+        else:
+            self.fail(f"worker {self.ident}", f"unexpected message {tag!r} from {sender}")
+
+    def fail(self, where: str, text: str) -> None:
+        self.send("master", (P.FAIL, where, text))
+
+    # -- executors -----------------------------------------------------------------------------------
+    def create_executors(self, eids: Iterable[int]) -> None:
+        ready = []
+        for eid in eids:
+            ex = self.executor_cls.__new__(self.executor_cls)
+            ex.executor_id, ex.num_executors, ex.config, ex._litz = eid, self.num_executors, self.config, self
+            try:
+                ex.__init__()
+                ex.load_input()
+            except Exception:
+                self.fail(f"executor {eid} load_input", traceback.format_exc())
+                return
+            self.executors[eid] = ex
+            ready.append(eid)
+        self.send("master", (P.READY, ready))
+
+    # -- micro-tasks ---------------------------------------------------------------------------------
+    def run_slice(self) -> None:
+        deadline = time.perf_counter() + RUN_SLICE_S
+        runnable = self.runnable
+        while runnable:
+            task = runnable.popleft()
+            self.current = task
+            if task.glet is None:
+                task.glet = greenlet.greenlet(self._task_body)
+                task.glet.switch(task)
+            else:
+                task.glet.switch()
+            if time.perf_counter() > deadline:
+                break
+        self.current = None
+
+    def _task_body(self, task: Task) -> None:
+        try:
+            result = self.executors[task.eid].run_task(task.args)
+        except Exception:
+            self.fail(f"executor {task.eid} run_task", traceback.format_exc())
+            return
+        self.tasks_run += 1
+        self.completed.append((task.tid, task.result if task.signalled else result))
+
+    def _task(self, what: str) -> Task:
+        task = self.current
+        if task is None or greenlet.getcurrent() is self.main:
+            raise LitzError(f"{what} is only available inside run_task")
+        return task
+
+    # -- the API executors call (bound as Executor._litz) ----------------------------------------------
+    def ps_get(self, key: Hashable) -> Any:
+        task = self._task("ps_get")
+        value = self.cache.lookup(key, task.version)
+        if value is MISS:
+            return self.ps_get_many([key])[0]
+        return value
+
+    def ps_get_many(self, keys: list) -> list:
+        task = self._task("ps_get_many")
+        values = [None] * len(keys)
+        missing = 0
+        lookup = self.cache.lookup
+        for i, key in enumerate(keys):
+            value = lookup(key, task.version)
+            if value is MISS:
+                self._want(key, task, i)
+                missing += 1
+            else:
+                values[i] = value
+        if missing:
+            task.values, task.missing = values, missing
+            self.main.switch()  # back to the loop until every value has arrived
+            task.values = None
+        return values
+
+    def _want(self, key: Hashable, task: Task, index: int) -> None:
+        fetch = self.fetch_by_key.get(key)
+        if fetch is None or fetch.version < task.version:
+            shard = self.shardmap.shard(key)
+            fetch = Fetch(key, task.version)
+            rid = self.next_rid
+            self.next_rid += 1
+            self.fetches[rid] = fetch
+            self.fetch_by_key[key] = fetch
+            self.out_gets[self.shardmap.owners[shard]].append((rid, shard, key))
+        fetch.waiters.append((task, index))
+
+    def ps_update(self, key: Hashable, delta: Any) -> None:
+        self._task("ps_update")
+        self.shardmap.shard(key)  # a bad key fails here, in the app's own call
+        self.log.add(key, delta)
+
+    def ps_update_many(self, items: Iterable[tuple]) -> None:
+        self._task("ps_update_many")
+        for key, delta in items:
+            self.shardmap.shard(key)
+            self.log.add(key, delta)
+
+    def signal_task_completion(self, result: Any = None) -> None:
+        task = self._task("signal_task_completion")
+        task.result, task.signalled = result, True
+
+    # -- parameter-server traffic --------------------------------------------------------------------
+    def send_gets(self) -> None:
+        out, self.out_gets = self.out_gets, defaultdict(list)
+        for server, items in out.items():
+            self.send(server, (P.GETS, items))
+
+    def on_values(self, items: list) -> None:
+        store = self.cache.store
+        for rid, value in items:
+            fetch = self.fetches.pop(rid)
+            store(fetch.key, fetch.version, value)
+            if self.fetch_by_key.get(fetch.key) is fetch:
+                del self.fetch_by_key[fetch.key]
+            for task, index in fetch.waiters:
+                task.values[index] = value
+                task.missing -= 1
+                if task.missing == 0:
+                    self.runnable.append(task)
+
+    def flush(self) -> None:
+        """Send the update log; the completed tasks' results follow once every server acknowledged."""
+        results, self.completed = self.completed, []
+        log = self.log.take()
+        if not log:
+            self.send("master", (P.DONE, results))
+            return
+        by_server: dict[str, list] = defaultdict(list)
+        shard_of, owners = self.shardmap.shard, self.shardmap.owners
+        for key, delta in log.items():
+            shard = shard_of(key)
+            by_server[owners[shard]].append((shard, key, delta))
+        fid = self.next_fid
+        self.next_fid += 1
+        for server, items in by_server.items():
+            self.send(server, (P.UPDATES, fid, items))
+        self.flushing = (fid, set(by_server), results)
+
+    def on_ack(self, server: str, fid: int, errors: list) -> None:
+        if errors:
+            self.fail(f"ps_update on server {server}", "\n".join(errors))
+        flushing = self.flushing
+        if flushing is None or flushing[0] != fid:
+            return
+        flushing[1].discard(server)
+        if not flushing[1]:
+            self.flushing = None
+            self.send("master", (P.DONE, flushing[2]))
