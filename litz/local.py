@@ -32,14 +32,16 @@ def positive_int(value: Any, what: str) -> int:
 class LocalProcesses:
     """The child processes of a local job."""
 
-    def __init__(self, name: str, home: str, secret: str):
-        self.name, self.home = name, home
+    def __init__(self, name: str, home: str, secret: str, etcd: str | None = None):
+        self.name, self.home, self.etcd = name, home, etcd
         self.env = {**os.environ, "LITZ_SECRET": secret, "LITZ_PARENT_PID": str(os.getpid())}
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self.stopping = False
 
     def start(self, role: str) -> subprocess.Popen:
         cmd = [sys.executable, "-m", "litz.cli.litz", role, "--name", self.name, "--home", self.home]
+        if self.etcd:
+            cmd += ["--etcd", self.etcd]
         proc = subprocess.Popen(cmd, env=self.env, stdin=subprocess.DEVNULL)
         self.procs.append((role, proc))
         return proc
@@ -75,7 +77,8 @@ def run(app: str | ModuleType | App, workers: int = 2, servers: int = 1, executo
         config: dict | None = None, **options: Any) -> Any:
     """Run a job on this machine and return the driver's ``finish(result)``.
 
-    Options: ``name``, ``shards``, ``output`` (result JSON path), ``metrics`` (JSONL path), ``progress``
+    Options: ``name``, ``etcd`` (HOST:PORT: register in etcd instead of the local directory), ``shards``,
+    ``output`` (result JSON path), ``metrics`` (JSONL path), ``progress``
     (default: only when stderr is a terminal), ``start_timeout`` (seconds).
     """
     positive_int(workers, "workers")
@@ -86,17 +89,18 @@ def run(app: str | ModuleType | App, workers: int = 2, servers: int = 1, executo
         app = app.__name__
     if isinstance(app, str):
         app = load_app(app)
-    unknown = set(options) - {"name", "shards", "output", "metrics", "progress", "start_timeout", "home"}
+    unknown = set(options) - {"name", "shards", "output", "metrics", "progress", "start_timeout", "home", "etcd"}
     if unknown:
         raise LitzError(f"unknown option(s): {', '.join(sorted(unknown))}")
     config = dict(config or {})
     home = options.get("home") or litz_home()
     name = options.get("name") or f"{app.name.rsplit('.', 1)[-1].replace('/', '_')}-{os.getpid()}-{int(time.time())}"
-    membership = Membership(connect_kv(home=home), name)
+    etcd = options.get("etcd")
+    membership = Membership(connect_kv(etcd, home), name)
     secret = new_secret()
     progress = options.get("progress")
     joblog = JobLog(options.get("metrics"), progress=sys.stderr.isatty() if progress is None else progress)
-    children = LocalProcesses(name, home, secret)
+    children = LocalProcesses(name, home, secret, etcd)
     master = Master(app, membership, secret, config=config, num_executors=executors,
                     num_shards=options.get("shards") or 0, min_workers=workers, min_servers=servers,
                     joblog=joblog, start_timeout=options.get("start_timeout", 60.0), supervise=children.check)

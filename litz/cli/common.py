@@ -1,10 +1,12 @@
 """Pieces both console scripts share: --config parsing and turning errors into one line."""
 from __future__ import annotations
 
+import argparse
 import json
 import signal
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 from ..errors import AppError, LitzError
 
@@ -23,6 +25,13 @@ def parse_config(items: list[str] | None) -> dict:
     return config
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse that reports bad arguments in one line (plus where to look) instead of a usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -34,7 +43,7 @@ def main_guard(prog: str, body: Callable[[], int | None]) -> int:
         return body() or 0
     except AppError as exc:
         sys.stderr.write(exc.traceback_text.rstrip() + "\n")
-        sys.stderr.write(f"{prog}: {exc} (see the traceback above); the job was stopped\n")
+        sys.stderr.write(f"{prog}: {exc} (traceback above); the job was stopped\n")
         return 1
     except LitzError as exc:
         sys.stderr.write(f"{prog}: error: {exc}\n")

@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from .common import main_guard, parse_config
+from .common import Parser, main_guard, parse_config
 
 DESCRIPTION = """Litz runs elastic machine-learning jobs: a driver dispatches micro-tasks to executors that
 read and update a sharded parameter server; the runtime maps executors onto worker processes and shards
@@ -50,14 +50,15 @@ def _role_options(p: argparse.ArgumentParser, local_home: bool = False) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="litz", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser = Parser(prog="litz", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     run = sub.add_parser("run", help="run a job on this machine", description="Run a job on this machine.")
     _job_options(run)
     run.add_argument("--workers", type=_positive, default=2, help="worker processes (default 2)")
     run.add_argument("--servers", type=_positive, default=1, help="server processes (default 1)")
     run.add_argument("--name", help="job name for litzctl (default: APP-PID-TIME)")
+    run.add_argument("--etcd", metavar="HOST:PORT", help="register every process in this etcd (default: a local "
+                     "registry directory, $LITZ_HOME or ~/.litz)")
     for role in ("worker", "server"):
         p = sub.add_parser(role, help=f"cluster mode: a {role} process",
                            description=f"Join job NAME as a {role} process.")
@@ -76,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
                     "shards": args.shards}
             if args.name:
                 opts["name"] = args.name
+            if args.etcd:
+                opts["etcd"] = args.etcd
             result = litz.run(args.app, workers=args.workers, servers=args.servers,
                               executors=args.executors, config=parse_config(args.config), **opts)
             print(json.dumps(result))

@@ -1,0 +1,111 @@
+"""Bad input ends with one clear line on stderr, a non-zero exit, and no process left behind."""
+import os
+import textwrap
+
+import psutil
+import pytest
+
+from tests.helpers import app_path, run_cli
+
+GOOD_EXECUTOR = "class E(litz.Executor):\n    def run_task(self, a):\n        return a\n"
+GOOD_DRIVER = ("class D(litz.Driver):\n    def dispatch_initial_tasks(self):\n        self.dispatch_task(0, 1)\n"
+               "    def handle_task_completion(self, r):\n        self.finish(r)\n")
+
+
+def write_app(tmp_path, name, body):
+    path = tmp_path / f"{name}.py"
+    path.write_text("import litz\n" + textwrap.dedent(body))
+    return str(path)
+
+
+def job_processes(name: str) -> list:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if name in " ".join(p.info["cmdline"] or []):
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+def assert_clean_failure(res, must_contain: str, name: str, code: int | None = None, app_trace: bool = False):
+    assert res.returncode != 0, res.stderr
+    if code is not None:
+        assert res.returncode == code
+    lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
+    assert lines, "nothing on stderr"
+    last = lines[-1]
+    assert last.startswith(("litz: ", "litz run: ")), res.stderr
+    assert must_contain in last, res.stderr
+    if app_trace:
+        assert "Traceback (most recent call last)" in res.stderr
+    else:
+        assert "Traceback" not in res.stderr, res.stderr
+        assert len(lines) == 1, res.stderr
+    assert not job_processes(name), "processes left behind"
+
+
+def run_app(app, name, *extra, timeout=60):
+    return run_cli(["litz", "run", app, "--name", name, "--no-progress", *extra], timeout=timeout)
+
+
+@pytest.mark.timeout(60)
+def test_unknown_app():
+    assert_clean_failure(run_app("no_such_app_module", "j-unknown"), "unknown app 'no_such_app_module'",
+                         "j-unknown", 2)
+    assert_clean_failure(run_app("/nonexistent/app.py", "j-unknown2"), "no such file", "j-unknown2", 2)
+
+
+@pytest.mark.timeout(60)
+def test_no_or_two_drivers(tmp_path):
+    app = write_app(tmp_path, "nodriver", GOOD_EXECUTOR)
+    assert_clean_failure(run_app(app, "j-nod"), "exactly one litz.Driver subclass (found: none)", "j-nod", 2)
+    app = write_app(tmp_path, "twodrivers", GOOD_EXECUTOR + GOOD_DRIVER + GOOD_DRIVER.replace("class D", "class D2"))
+    assert_clean_failure(run_app(app, "j-two"), "(found: D, D2)", "j-two", 2)
+
+
+@pytest.mark.timeout(60)
+def test_syntax_error(tmp_path):
+    app = write_app(tmp_path, "broken", GOOD_EXECUTOR + "def oops(:\n    pass\n")
+    assert_clean_failure(run_app(app, "j-syn"), "syntax error in app", "j-syn", 2)
+    assert "broken.py:5" in run_app(app, "j-syn").stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers,message", [("0", "must be at least 1, got 0"), ("abc", "expected a whole number")])
+def test_bad_worker_count(workers, message):
+    assert_clean_failure(run_app(app_path("noop"), "j-w", "--workers", workers), message, "j-w", 2)
+
+
+@pytest.mark.timeout(60)
+def test_bad_config_value():
+    assert_clean_failure(run_app(app_path("noop"), "j-cfg", "--config", "tasks"), "bad --config value 'tasks'",
+                         "j-cfg", 2)
+
+
+@pytest.mark.timeout(60)
+def test_unreachable_etcd():
+    res = run_app(app_path("noop"), "j-etcd", "--etcd", "127.0.0.1:9", timeout=60)
+    assert_clean_failure(res, "etcd at 127.0.0.1:9 is unreachable", "j-etcd", 2)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where,body", [
+    ("executor 0 run_task", GOOD_DRIVER + "class E(litz.Executor):\n    def run_task(self, a):\n"
+                                          "        raise ValueError('bad task input 42')\n"),
+    ("driver handle_task_completion", GOOD_EXECUTOR + GOOD_DRIVER.replace("self.finish(r)", "1 / 0")),
+    ("load_input", GOOD_DRIVER + "class E(litz.Executor):\n    def load_input(self):\n"
+                                 "        open('/nonexistent/data.npz')\n    def run_task(self, a):\n        return a\n"),
+])
+def test_app_exceptions(tmp_path, where, body):
+    app = write_app(tmp_path, "raising", body)
+    res = run_app(app, "j-raise")
+    assert_clean_failure(res, where, "j-raise", 1, app_trace=True)
+    assert "raising.py" in res.stderr  # the app's own traceback names its file
+
+
+@pytest.mark.timeout(60)
+def test_driver_without_tasks_in_flight(tmp_path):
+    app = write_app(tmp_path, "stalls", GOOD_EXECUTOR + GOOD_DRIVER.replace("self.finish(r)", "pass"))
+    assert_clean_failure(run_app(app, "j-stall"), "no micro-tasks in flight", "j-stall", 2)

@@ -1,0 +1,38 @@
+"""End-to-end through real processes: the consistency rule and exact update totals."""
+import pytest
+from tests.helpers import app_path
+
+import litz
+from tests.apps.chains import DTYPES, SHAPE
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("workers,servers,executors,shards", [(2, 1, 8, 0), (3, 3, 12, 257)])
+def test_causal_chains_and_concurrent_updates(workers, servers, executors, shards):
+    chains, steps = 24, 30
+    result = litz.run(app_path("chains"), workers=workers, servers=servers, executors=executors,
+                      shards=shards, config={"chains": chains, "steps": steps})
+    assert result["violations"] == []
+    n = chains * steps
+    assert result["total"] == n
+    assert result["missing"] is None
+    for d in DTYPES:
+        dtype, shape, total = result["arrays"][d]
+        assert dtype == d and tuple(shape) == SHAPE
+        assert total == n * SHAPE[0] * SHAPE[1]
+
+
+@pytest.mark.timeout(60)
+def test_output_and_metrics_files(tmp_path):
+    out, metrics = tmp_path / "out.json", tmp_path / "m.jsonl"
+    result = litz.run(app_path("noop"), workers=2, servers=1, config={"tasks": 500},
+                      output=str(out), metrics=str(metrics))
+    assert result == {"done": 500}
+    import json
+
+    doc = json.loads(out.read_text())
+    assert doc["result"] == {"done": 500} and doc["tasks_completed"] == 500
+    assert doc["elapsed_s"] > 0 and isinstance(doc["events"], list)
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert len(rows) == 500 and rows[-1]["done"] == 500
+    assert rows[-1]["workers"] == 2 and rows[-1]["servers"] == 1 and "t" in rows[0]
