@@ -5,6 +5,10 @@ class LitzError(Exception):
     """A user-facing problem (bad input, unreachable service, lost process): printed as one line."""
 
 
+class InputError(LitzError):
+    """Raised by apps for bad input (missing file, malformed line, bad config value): one line, no traceback."""
+
+
 class AppError(LitzError):
     """An exception raised by application code; carries the app's own traceback text."""
 
@@ -14,3 +18,22 @@ class AppError(LitzError):
         super().__init__(f"application error in {where}: {last}")
         self.where = where
         self.traceback_text = traceback_text
+
+
+def describe_app_exception(where: str, exc: BaseException) -> tuple[str, str]:
+    """(where, text) for a FAIL message: an InputError travels as its message alone, others with a traceback."""
+    import traceback
+
+    if isinstance(exc, InputError):
+        return where, f"{INPUT_ERROR_MARK}{exc}"
+    return where, traceback.format_exc()
+
+
+INPUT_ERROR_MARK = "litz-input-error: "
+
+
+def app_error(where: str, text: str) -> LitzError:
+    """The exception the master raises for a FAIL message."""
+    if text.startswith(INPUT_ERROR_MARK):
+        return InputError(text[len(INPUT_ERROR_MARK):])
+    return AppError(where, text)

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import protocol as P
 from .appload import App
-from .errors import AppError, LitzError
+from .errors import AppError, InputError, LitzError, app_error
 from .joblog import JobLog, check_json
 from .membership import Membership
 from .process import Process
@@ -161,6 +161,8 @@ class Master(Process):
         try:
             driver.__init__()
             driver.dispatch_initial_tasks()
+        except InputError:
+            raise
         except Exception:
             raise AppError("driver dispatch_initial_tasks", traceback.format_exc()) from None
         self.flush_outbox()
@@ -172,7 +174,7 @@ class Master(Process):
         if tag == P.DONE:
             self.on_done(msg[1])
         elif tag == P.FAIL:
-            raise AppError(msg[1], msg[2])
+            raise app_error(msg[1], msg[2])
         elif tag == P.HELLO:
             self.on_hello(sender, msg[1], msg[2])
         elif tag == P.READY:
@@ -193,6 +195,8 @@ class Master(Process):
             self.version += 1
             try:
                 driver.handle_task_completion(result)
+            except InputError:
+                raise
             except Exception:
                 raise AppError("driver handle_task_completion", traceback.format_exc()) from None
 
@@ -249,7 +253,8 @@ class Master(Process):
                 self.state = "stopped"
                 self.membership.respond(rid, {"ok": True, "message": "job stopping"})
             else:
-                self.membership.respond(rid, {"ok": False, "message": f"unknown command {command!r}"})
+                self.membership.respond(rid, {"ok": False,
+                                              "message": f"this Litz version does not support {command!r} yet"})
 
     def rate(self) -> float:
         now = time.time()

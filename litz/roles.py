@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 from .errors import LitzError
 from .membership import Membership, connect_kv
@@ -18,7 +19,12 @@ def job_secret(membership: Membership, secret_file: str | None = None) -> str:
                 return f.read().strip()
         except OSError as exc:
             raise LitzError(f"cannot read secret file {secret_file}: {exc.strerror}") from None
-    secret = membership.get("secret")
+    secret = None
+    for _ in range(100):  # the master publishes it right after registering
+        secret = membership.get("secret")
+        if secret:
+            break
+        time.sleep(0.1)
     if not secret:
         raise LitzError(f"job {membership.job!r} has no secret in the registry; pass --secret-file")
     return secret
@@ -35,8 +41,8 @@ def serve(role: str, name: str, *, etcd: str | None = None, home: str | None = N
     from .worker import Worker
 
     membership = Membership(connect_kv(etcd, home), name)
-    secret = job_secret(membership, secret_file)
     membership.wait_master(start_timeout)
+    secret = job_secret(membership, secret_file)
     ident = ident or membership.allocate_id(role)
     cls = Worker if role == "worker" else Server
     proc = cls(ident, membership, secret, host=host, bind_host=bind_host)

@@ -8,7 +8,6 @@ that holds their updates has been flushed to the servers and acknowledged (thesi
 from __future__ import annotations
 
 import time
-import traceback
 from collections import defaultdict, deque
 from collections.abc import Hashable, Iterable
 from typing import Any
@@ -19,7 +18,7 @@ import greenlet
 from . import protocol as P
 from .api import Executor
 from .cache import MISS, ParamCache, UpdateLog
-from .errors import LitzError
+from .errors import LitzError, describe_app_exception
 from .keys import ShardMap
 from .process import Process
 
@@ -127,8 +126,8 @@ class Worker(Process):
             try:
                 ex.__init__()
                 ex.load_input()
-            except Exception:
-                self.fail(f"executor {eid} load_input", traceback.format_exc())
+            except Exception as exc:
+                self.fail(*describe_app_exception(f"executor {eid} load_input", exc))
                 return
             self.executors[eid] = ex
             ready.append(eid)
@@ -153,8 +152,8 @@ class Worker(Process):
     def _task_body(self, task: Task) -> None:
         try:
             result = self.executors[task.eid].run_task(task.args)
-        except Exception:
-            self.fail(f"executor {task.eid} run_task", traceback.format_exc())
+        except Exception as exc:
+            self.fail(*describe_app_exception(f"executor {task.eid} run_task", exc))
             return
         self.tasks_run += 1
         self.completed.append((task.tid, task.result if task.signalled else result))

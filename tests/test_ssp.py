@@ -98,7 +98,8 @@ def test_out_of_order_iterations_finish_in_order() -> None:
 @pytest.mark.timeout(10)
 def test_explicit_executors_and_args() -> None:
     driver = FakeDriver(10)
-    ssp = SSP(driver, staleness=0, iterations=2, executors=[4, 7], task_args=lambda it, ex: {"it": it, "ex": ex})
+    ssp = SSP(driver, staleness=0, iterations=2, executors=[4, 7],
+              task_args=lambda it, ex: {"it": it, "ex": ex})
     ssp.start()
     assert driver.dispatched == [(4, {"it": 0, "ex": 4}), (7, {"it": 0, "ex": 7})]
 

@@ -48,6 +48,9 @@ def main_guard(prog: str, body: Callable[[], int | None]) -> int:
     except LitzError as exc:
         sys.stderr.write(f"{prog}: error: {exc}\n")
         return 2
+    except BrokenPipeError:  # output piped into `head` and friends
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         sys.stderr.write(f"\n{prog}: interrupted; all processes stopped\n")
         return 130

@@ -33,8 +33,8 @@ def _job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("app", help="module name (resolved from the current directory) or path to a .py file")
     p.add_argument("--executors", type=_positive, help="logical executors (default: 4 per initial worker)")
     p.add_argument("--shards", type=_positive, help="logical parameter-server shards (default: max(64, 8 per server))")
-    p.add_argument("--config", action="append", metavar="KEY=VALUE",
-                   help="app setting, JSON-decoded where possible; repeat for several")
+    p.add_argument("--config", action="extend", nargs="+", metavar="KEY=VALUE",
+                   help="app settings, JSON-decoded where possible (--config a=1 b=x, or repeat --config)")
     p.add_argument("--output", metavar="RESULT.json", help="write result, timings and events as JSON")
     p.add_argument("--metrics", metavar="METRICS.jsonl", help="append one JSON line per driver report()")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
@@ -59,6 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--name", help="job name for litzctl (default: APP-PID-TIME)")
     run.add_argument("--etcd", metavar="HOST:PORT", help="register every process in this etcd (default: a local "
                      "registry directory, $LITZ_HOME or ~/.litz)")
+    master = sub.add_parser("master", help="cluster mode: the job's master",
+                            description="Start job NAME's master: workers and servers join it through etcd.")
+    _job_options(master)
+    _role_options(master)
+    master.add_argument("--min-workers", type=_positive, default=1, help="workers to wait for before starting")
+    master.add_argument("--min-servers", type=_positive, default=1, help="servers to wait for before starting")
+    master.add_argument("--start-timeout", type=float, default=600.0,
+                        help="seconds to wait for the first workers and servers (default 600)")
     for role in ("worker", "server"):
         p = sub.add_parser(role, help=f"cluster mode: a {role} process",
                            description=f"Join job NAME as a {role} process.")
@@ -81,6 +89,16 @@ def main(argv: list[str] | None = None) -> int:
                 opts["etcd"] = args.etcd
             result = litz.run(args.app, workers=args.workers, servers=args.servers,
                               executors=args.executors, config=parse_config(args.config), **opts)
+            print(json.dumps(result))
+            return 0
+        if args.command == "master":
+            from ..cluster import run_master
+
+            result = run_master(args.app, args.name, etcd=args.etcd, home=args.home, secret_file=args.secret_file,
+                                host=args.host, bind_host=args.bind, executors=args.executors,
+                                config=parse_config(args.config), shards=args.shards or 0, output=args.output,
+                                metrics=args.metrics, progress=not args.no_progress, min_workers=args.min_workers,
+                                min_servers=args.min_servers, start_timeout=args.start_timeout)
             print(json.dumps(result))
             return 0
         from ..roles import serve

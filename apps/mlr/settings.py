@@ -1,0 +1,117 @@
+"""The MLR app's configuration (``--config key=value``), validated once so a typo is one clear error."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+import litz
+
+DEFAULTS: dict[str, Any] = {
+    "train": None, "test": None, "synthetic": False,
+    "n": 200_000, "n_test": 20_000, "d": None, "classes": None, "seed": 0, "signal": 5.0,
+    "epochs": 10, "lr": 0.5, "decay": 1.0, "batch_size": 256, "batches_per_task": None,
+    "staleness": 2, "l2": 0.0, "blocks": 8,
+}
+SYNTHETIC_D, SYNTHETIC_CLASSES = 100, 10
+ITERATION_BATCHES = 8  # default mini-batches per SSP iteration over all executors (see apps/mlr/__init__.py)
+
+
+class ConfigError(litz.InputError, ValueError):
+    """A bad --config value for apps.mlr; shown as one line."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    train: str | None
+    test: str | None
+    synthetic: bool
+    n: int
+    n_test: int
+    d: int | None
+    classes: int | None
+    seed: int
+    signal: float
+    epochs: int
+    lr: float
+    decay: float
+    batch_size: int
+    batches_per_task: int | None
+    staleness: int
+    l2: float
+    blocks: int
+
+    @classmethod
+    def from_config(cls, config: dict | None) -> Settings:
+        """Defaults filled in, types checked; raises ValueError naming the bad key."""
+        config = dict(config or {})
+        unknown = sorted(set(config) - set(DEFAULTS))
+        if unknown:
+            raise ConfigError(f"unknown config key(s) {', '.join(map(repr, unknown))} for apps.mlr "
+                             f"(known: {', '.join(DEFAULTS)})")
+        v = {**DEFAULTS, **config}
+        out: dict[str, Any] = {
+            "train": _path(v, "train"), "test": _path(v, "test"), "synthetic": _bool(v, "synthetic"),
+            "n": _int(v, "n", 1), "n_test": _int(v, "n_test", 0), "d": _opt_int(v, "d", 1),
+            "classes": _opt_int(v, "classes", 2), "seed": _int(v, "seed", 0),
+            "signal": _float(v, "signal", 0.0), "epochs": _int(v, "epochs", 0), "lr": _float(v, "lr", 0.0),
+            "decay": _float(v, "decay", 0.0), "batch_size": _int(v, "batch_size", 1),
+            "batches_per_task": _opt_int(v, "batches_per_task", 1), "staleness": _int(v, "staleness", 0),
+            "l2": _float(v, "l2", 0.0), "blocks": _int(v, "blocks", 1),
+        }
+        if out["synthetic"] == (out["train"] is not None):
+            raise ConfigError("apps.mlr needs exactly one of config 'train' (a .npz or libsvm file) "
+                             "or 'synthetic=1'")
+        if out["synthetic"]:
+            out["d"] = out["d"] or SYNTHETIC_D
+            out["classes"] = out["classes"] or SYNTHETIC_CLASSES
+        assert {f.name for f in fields(cls)} == set(out)
+        return cls(**out)
+
+    def batches_per_task_for(self, num_executors: int) -> int:
+        """Mini-batches per task: given, or ~ITERATION_BATCHES per iteration split over the executors."""
+        return self.batches_per_task or max(1, ITERATION_BATCHES // max(1, num_executors))
+
+    def lr_at(self, epoch: int) -> float:
+        """Step size in ``epoch`` (0-based): ``lr / sqrt(1 + decay * epoch)``."""
+        return self.lr / math.sqrt(1.0 + self.decay * epoch)
+
+
+def _bad(key: str, what: str, value: Any) -> ConfigError:
+    return ConfigError(f"config {key!r} must be {what}, got {value!r}")
+
+
+def _int(v: dict, key: str, low: int) -> int:
+    x = v[key]
+    if isinstance(x, float) and x.is_integer():
+        x = int(x)
+    if isinstance(x, bool) or not isinstance(x, int) or x < low:
+        raise _bad(key, f"an integer >= {low}", x)
+    return x
+
+
+def _opt_int(v: dict, key: str, low: int) -> int | None:
+    return None if v[key] is None else _int(v, key, low)
+
+
+def _float(v: dict, key: str, low: float) -> float:
+    x = v[key]
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < low:
+        raise _bad(key, f"a number >= {low:g}", x)
+    return float(x)
+
+
+def _bool(v: dict, key: str) -> bool:
+    x = v[key]
+    if x in (True, False, 0, 1) or x is None:
+        return bool(x)
+    if isinstance(x, str) and x.lower() in ("true", "false", "yes", "no", "on", "off"):
+        return x.lower() in ("true", "yes", "on")
+    raise _bad(key, "a boolean (0/1)", x)
+
+
+def _path(v: dict, key: str) -> str | None:
+    x = v[key]
+    if x is None or (isinstance(x, str) and x):
+        return x
+    raise _bad(key, "a file path", x)

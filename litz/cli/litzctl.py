@@ -1,0 +1,87 @@
+"""``litzctl``: look at and steer a running job, found through etcd or the local registry."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..errors import LitzError
+from ..membership import Membership, connect_kv
+from .common import Parser, main_guard
+
+DESCRIPTION = """Look at and steer a running Litz job. Local jobs (litz run) are found in the registry
+directory ($LITZ_HOME, default ~/.litz); cluster jobs through --etcd."""
+
+REQUEST_TIMEOUT_S = 30.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="litzctl", description=DESCRIPTION)
+    p.add_argument("--etcd", metavar="HOST:PORT", help="etcd of a cluster job (default: local registry)")
+    p.add_argument("--name", help="the job's name (see `litzctl list`)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
+    sub.add_parser("list", help="jobs in the registry")
+    st = sub.add_parser("status", help="state, progress, and every worker and server")
+    st.add_argument("--json", action="store_true", help="machine-readable status")
+    sub.add_parser("stop", help="end the job now (result: null)")
+    sc = sub.add_parser("scale", help="change the number of workers/servers")
+    sc.add_argument("--workers", type=int)
+    sc.add_argument("--servers", type=int)
+    dr = sub.add_parser("drain", help="move everything off these processes, then they exit")
+    dr.add_argument("ids", nargs="+", metavar="ID")
+    sub.add_parser("checkpoint", help="take a consistent checkpoint now")
+    ml = sub.add_parser("memory-limit", help="change the per-worker memory budget")
+    ml.add_argument("bytes", type=int)
+    pl = sub.add_parser("plot", help="plot progress and processes over time")
+    pl.add_argument("out", metavar="OUT.png")
+    return p
+
+
+def format_status(st: dict) -> str:
+    lines = [f"job {st['name']} ({st['app']}): {st['state']}, {st['elapsed_s']:.1f} s, version {st['version']}, "
+             f"{st['tasks_completed']} tasks, {st['tasks_per_s']:,.0f} tasks/s",
+             f"  {st['executors']} executors, {st['shards']} shards; last report: "
+             + (", ".join(f"{k}={v}" for k, v in st.get("report", {}).items()) or "none")]
+    for w in st["workers"]:
+        lines.append(f"  worker {w['id']:>5}  pid {w['pid']:>7}  host {w['host']}  executors {len(w['executors'])}")
+    for s in st["servers"]:
+        lines.append(f"  server {s['id']:>5}  pid {s['pid']:>7}  host {s['host']}  shards {len(s['shards'])}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+
+    def body() -> int:
+        kv = connect_kv(args.etcd)
+        if args.command == "list":
+            jobs = sorted({k.split("/")[2] for k in kv.get_prefix("litz/jobs/") if k.endswith("/master")})
+            print("\n".join(jobs) if jobs else "no running jobs")
+            return 0
+        if not args.name:
+            raise LitzError("--name is required (see `litzctl list`)")
+        job = Membership(kv, args.name)
+        if job.master() is None:
+            raise LitzError(f"no running job named {args.name!r}"
+                            + (f" in etcd at {args.etcd}" if args.etcd else " in the local registry"))
+        if args.command == "status":
+            st = job.get("status")
+            if st is None:
+                raise LitzError(f"job {args.name!r} has not published its status yet; try again")
+            print(json.dumps(st, indent=1) if args.json else format_status(st))
+            return 0
+        request = {k: v for k, v in vars(args).items() if k not in ("etcd", "name", "command")}
+        rid = job.post_request(args.command, request)
+        resp = job.wait_response(rid, REQUEST_TIMEOUT_S)
+        if resp is None:
+            raise LitzError(f"job {args.name!r} did not answer {args.command!r} within {REQUEST_TIMEOUT_S:.0f} s")
+        if not resp.get("ok"):
+            raise LitzError(resp.get("message", "refused"))
+        print(resp.get("message", "ok"))
+        return 0
+
+    return main_guard("litzctl", body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

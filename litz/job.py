@@ -1,0 +1,74 @@
+"""One job's life in its master process: register, run the driver, end every process, write results.
+
+Shared by ``litz run`` (children on this machine) and ``litz master`` (processes join through etcd).
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .appload import App, load_app
+from .errors import LitzError
+from .joblog import JobLog
+from .master import Master
+from .membership import Membership
+
+JOB_OPTIONS = {"name", "etcd", "shards", "output", "metrics", "progress", "start_timeout", "home"}
+
+
+def positive_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise LitzError(f"{what} must be a whole number >= 1, got {value!r}")
+    return value
+
+
+def resolve_app(app: Any) -> App:
+    if isinstance(app, App):
+        return app
+    if hasattr(app, "__name__") and not isinstance(app, str):  # a module object
+        app = app.__name__
+    if not isinstance(app, str):
+        raise LitzError(f"app must be a module, module name or .py path, not {type(app).__name__}")
+    return load_app(app)
+
+
+def default_name(app: App) -> str:
+    stem = os.path.basename(app.name).removesuffix(".py").rsplit(".", 1)[-1]
+    return f"{stem}-{os.getpid()}-{int(time.time())}"
+
+
+def run_job(app: App, membership: Membership, secret: str, *, config: dict | None, executors: int | None,
+            min_workers: int, min_servers: int, shards: int = 0, output: str | None = None,
+            metrics: str | None = None, progress: bool = False, start_timeout: float = 60.0,
+            supervise: Callable[[], str | None] | None = None, on_registered: Callable[[], None] | None = None,
+            on_exit: Callable[[], None] | None = None, **endpoint: Any) -> Any:
+    """Run the job to ``finish()`` and return its result; every process is told to stop on every way out."""
+    joblog = JobLog(metrics, progress=progress)
+    master = Master(app, membership, secret, config=dict(config or {}), num_executors=executors, num_shards=shards,
+                    min_workers=min_workers, min_servers=min_servers, joblog=joblog, start_timeout=start_timeout,
+                    supervise=supervise, **endpoint)
+    result: Any = None
+    try:
+        master.register()
+        if on_registered:
+            on_registered()
+        result = master.run()
+        return result
+    except BaseException:
+        master.state = "failed"
+        raise
+    finally:
+        master.stop_all()
+        if on_exit:
+            on_exit()
+        if output:
+            joblog.write_output(output, {
+                "result": result, "state": master.state, "app": app.name, "name": membership.job,
+                "elapsed_s": round(joblog.elapsed(), 4), "tasks_completed": master.tasks_completed,
+                "workers": len(master.workers), "servers": len(master.servers), "executors": master.num_executors})
+        joblog.close()
+        membership.unregister()
+        membership.clear()
+        master.close()

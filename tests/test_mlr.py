@@ -1,0 +1,179 @@
+"""apps.mlr end to end: matches scikit-learn's LogisticRegression on the same synthetic split.
+
+``test_in_process_*`` drive the app's Driver and Executors in this process against a dict parameter server,
+completing tasks in random order and letting each task read the weights as of its dispatch (the stalest
+view the consistency rule allows), so the algorithm is checked without the runtime. ``test_litz_run_*``
+run the real thing through ``litz.run``.
+"""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+import apps.mlr as mlr
+import litz
+from apps.mlr.data import synthetic_rows
+
+CONFIG = {"synthetic": 1, "n": 40_000, "n_test": 10_000, "d": 50, "classes": 10, "seed": 0}
+
+
+def sklearn_accuracy(config: dict) -> float:
+    from sklearn.linear_model import LogisticRegression
+
+    kw = dict(d=config["d"], classes=config["classes"], seed=config["seed"])
+    X, y = synthetic_rows(0, config["n"], **kw)
+    Xt, yt = synthetic_rows(config["n"], config["n"] + config["n_test"], **kw)
+    return LogisticRegression(max_iter=1000).fit(X, y).score(Xt, yt)
+
+
+class InProcess:
+    """A minimal sequential stand-in for the runtime (driver and executor contexts in one object)."""
+
+    def __init__(self, config: dict, num_executors: int, seed: int = 0) -> None:
+        self.rng = random.Random(seed)
+        self.ps: dict = {}
+        self.queue: list[tuple[int, object, dict]] = []
+        self.reports: list[dict] = []
+        self.result = None
+        self.finished = False
+        self.driver = mlr.MLRDriver()
+        self.driver.config, self.driver.num_executors, self.driver._litz = config, num_executors, self
+        self.executors = []
+        for e in range(num_executors):
+            ex = mlr.MLRExecutor()
+            ex.executor_id, ex.num_executors, ex.config, ex._litz = e, num_executors, config, self
+            ex.load_input()
+            self.executors.append(ex)
+
+    # driver context
+    def dispatch_task(self, executor: int, args: object) -> None:
+        self.queue.append((executor, args, dict(self.ps)))  # values are replaced, never mutated: a snapshot
+
+    def report(self, metrics: dict, t: float) -> None:
+        self.reports.append(metrics)
+
+    def finish(self, result: object) -> None:
+        self.result, self.finished = result, True
+
+    # executor context
+    def ps_get_many(self, keys: list) -> list:
+        return [self.view.get(k) for k in keys]
+
+    def ps_update_many(self, items) -> None:
+        self.log.extend(items)
+
+    def run(self) -> object:
+        self.driver.dispatch_initial_tasks()
+        while not self.finished:
+            executor, args, self.view = self.queue.pop(self.rng.randrange(len(self.queue)))
+            self.log: list = []
+            result = self.executors[executor].run_task(args)
+            for key, delta in self.log:
+                old = self.ps.get(key)
+                self.ps[key] = np.array(delta, copy=True) if old is None else old + delta
+            self.driver.handle_task_completion(result)
+        assert not self.queue
+        return self.result
+
+
+@pytest.mark.timeout(30)
+def test_sgd_step_is_minus_lr_times_gradient_dense_and_sparse() -> None:
+    import scipy.sparse as sp
+
+    from apps.mlr import model
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((7, 4)).astype(np.float32)
+    X[X < 0] = 0  # some zeros, so the CSR copy is really sparse
+    y = rng.integers(0, 3, 7)
+    W0 = rng.standard_normal((4, 3)).astype(np.float32) * 0.1
+    b0 = rng.standard_normal(3).astype(np.float32) * 0.1
+
+    def mean_loss(w: np.ndarray, b: np.ndarray) -> float:
+        return model.evaluate(X.astype(np.float64), y, w, b)[0] / len(y)
+
+    grad, eps = np.zeros((4, 3)), 1e-2  # evaluate() works in float32: a wide central difference
+    W64 = W0.astype(np.float64)
+    for i in range(4):
+        for j in range(3):
+            hi, lo = W64.copy(), W64.copy()
+            hi[i, j] += eps
+            lo[i, j] -= eps
+            grad[i, j] = (mean_loss(hi, b0) - mean_loss(lo, b0)) / (2 * eps)
+    for data in (X, sp.csr_matrix(X)):
+        W, b = W0.copy(), b0.copy()
+        loss, correct, count = model.sgd_steps(data, y, W, b, np.array([0]), batch_size=7, lr=0.5)
+        assert count == 7 and loss == pytest.approx(mean_loss(W64, b0) * 7, rel=1e-5)
+        np.testing.assert_allclose((W0 - W) / 0.5, grad, atol=1e-4)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_executors,staleness", [(1, 0), (3, 2), (8, 3)])
+def test_in_process_matches_sklearn(num_executors: int, staleness: int) -> None:
+    config = {**CONFIG, "staleness": staleness}
+    result = InProcess(config, num_executors).run()
+    assert result["epochs"] == 10 and result["train_rows"] == 40_000 and result["test_rows"] == 10_000
+    assert abs(result["test_accuracy"] - sklearn_accuracy(config)) <= 0.01, result
+
+
+@pytest.mark.timeout(30)
+def test_in_process_reports_every_epoch_in_order() -> None:
+    config = {**CONFIG, "n": 5000, "n_test": 1000, "epochs": 4}
+    runtime = InProcess(config, 3, seed=1)
+    result = runtime.run()
+    assert [r["epoch"] for r in runtime.reports] == [1, 2, 3, 4]
+    losses = [r["loss"] for r in runtime.reports]
+    assert losses[-1] < losses[0] < np.log(10) + 0.01
+    assert all(0 <= r["train_accuracy"] <= 1 for r in runtime.reports)
+    assert set(result) >= {"train_loss", "train_accuracy", "test_accuracy", "epochs"}
+    assert all(isinstance(result[k], (int, float)) for k in ("train_loss", "train_accuracy", "test_accuracy"))
+
+
+@pytest.mark.timeout(30)
+def test_in_process_zero_epochs_evaluates_zero_model() -> None:
+    result = InProcess({**CONFIG, "n": 1000, "n_test": 500, "epochs": 0}, 2).run()
+    assert result["train_loss"] == pytest.approx(np.log(10), rel=1e-5)
+
+
+@pytest.mark.timeout(30)
+def test_in_process_libsvm_with_test_file(tmp_path) -> None:
+    X, y = synthetic_rows(0, 6000, d=10, classes=3, seed=5)
+    order = np.argsort(y, kind="stable")  # sorted by label: partitions must still be mixed
+    X, y = X[order], y[order]
+    for name, rows in (("train.svm", slice(0, 5000)), ("test.svm", slice(5000, 6000))):
+        lines = [f"{label} " + " ".join(f"{j + 1}:{v:.6g}" for j, v in enumerate(x) if v > -0.5)
+                 for x, label in zip(X[rows], y[rows], strict=True)]
+        (tmp_path / name).write_text("\n".join(lines) + "\n")
+    config = {"train": str(tmp_path / "train.svm"), "test": str(tmp_path / "test.svm"), "epochs": 5}
+    result = InProcess(config, 2).run()
+    assert result["test_rows"] == 1000 and result["test_accuracy"] > 0.6, result
+
+
+# ------------------------------------------------------------------------------------------ real runtime
+@pytest.mark.timeout(60)
+def test_litz_run_matches_sklearn() -> None:
+    result = litz.run("apps.mlr", workers=2, servers=1, config=dict(CONFIG))
+    assert result["epochs"] == 10 and result["train_rows"] == CONFIG["n"]
+    assert abs(result["test_accuracy"] - sklearn_accuracy(CONFIG)) <= 0.01, result
+
+
+@pytest.mark.timeout(60)
+def test_litz_run_bsp_more_servers() -> None:
+    config = {**CONFIG, "staleness": 0, "blocks": 5}
+    result = litz.run("apps.mlr", workers=2, servers=2, executors=3, config=config)
+    assert abs(result["test_accuracy"] - sklearn_accuracy(config)) <= 0.01, result
+
+
+@pytest.mark.timeout(60)
+def test_litz_run_missing_file_is_one_clear_error(tmp_path) -> None:
+    missing = str(tmp_path / "missing.npz")
+    with pytest.raises(litz.LitzError, match=r"missing\.npz: no such file"):
+        litz.run("apps.mlr", workers=1, servers=1, config={"train": missing})
+
+
+@pytest.mark.timeout(60)
+def test_litz_run_bad_config_is_one_clear_error() -> None:
+    with pytest.raises(litz.LitzError, match="'staleness' must be an integer"):
+        litz.run("apps.mlr", workers=1, servers=1, config={"synthetic": 1, "staleness": "lots"})
