@@ -6,6 +6,7 @@ import time
 import psutil
 import pytest
 
+
 @pytest.fixture(autouse=True)
 def litz_home(tmp_path, monkeypatch):
     home = tmp_path / "litz-home"

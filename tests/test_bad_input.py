@@ -1,5 +1,4 @@
 """Bad input ends with one clear line on stderr, a non-zero exit, and no process left behind."""
-import os
 import textwrap
 
 import psutil
@@ -96,7 +95,8 @@ def test_unreachable_etcd():
                                           "        raise ValueError('bad task input 42')\n"),
     ("driver handle_task_completion", GOOD_EXECUTOR + GOOD_DRIVER.replace("self.finish(r)", "1 / 0")),
     ("load_input", GOOD_DRIVER + "class E(litz.Executor):\n    def load_input(self):\n"
-                                 "        open('/nonexistent/data.npz')\n    def run_task(self, a):\n        return a\n"),
+                                 "        open('/nonexistent/data.npz')\n"
+                                 "    def run_task(self, a):\n        return a\n"),
 ])
 def test_app_exceptions(tmp_path, where, body):
     app = write_app(tmp_path, "raising", body)

@@ -1,9 +1,9 @@
 """End-to-end through real processes: the consistency rule and exact update totals."""
 import pytest
-from tests.helpers import app_path
 
 import litz
 from tests.apps.chains import DTYPES, SHAPE
+from tests.helpers import app_path
 
 
 @pytest.mark.timeout(90)

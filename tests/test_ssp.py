@@ -136,3 +136,15 @@ def test_pickles_with_its_driver() -> None:
     copy.ssp.complete(0)
     assert copy.ssp.finished_iterations == 1 and copy.ssp.dispatched_iterations == 3
     assert len(copy.dispatched) == 6
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("staleness", [0, 2])
+def test_ssp_bound_through_real_processes(staleness):
+    """No task of iteration i runs before every task of iteration i-s-1 finished (and its updates are visible)."""
+    import litz
+    from tests.helpers import app_path
+
+    result = litz.run(app_path("ssp_check"), workers=2, servers=1, executors=6,
+                      config={"staleness": staleness, "iterations": 25})
+    assert result == {"bad": []}

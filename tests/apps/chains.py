@@ -42,7 +42,8 @@ class ChainExecutor(litz.Executor):
             arrays = self.ps_get_many([("arr", d) for d in DTYPES])
             return ("check", {
                 "total": self.ps_get("total"),
-                "arrays": {d: [str(a.dtype), list(a.shape), float(a.sum())] for d, a in zip(DTYPES, arrays)},
+                "arrays": {d: [str(a.dtype), list(a.shape), float(a.sum())]
+                           for d, a in zip(DTYPES, arrays, strict=True)},
                 "missing": self.ps_get("never-updated"),
             })
         _, c, t = args
