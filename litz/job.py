@@ -42,13 +42,14 @@ def default_name(app: App) -> str:
 def run_job(app: App, membership: Membership, secret: str, *, config: dict | None, executors: int | None,
             min_workers: int, min_servers: int, shards: int = 0, output: str | None = None,
             metrics: str | None = None, progress: bool = False, start_timeout: float = 60.0,
-            supervise: Callable[[], str | None] | None = None, on_registered: Callable[[], None] | None = None,
-            on_exit: Callable[[], None] | None = None, **endpoint: Any) -> Any:
+            supervise: Callable[[], str | None] | None = None, spawn: Callable[[str], Any] | None = None,
+            on_registered: Callable[[], None] | None = None, on_exit: Callable[[], None] | None = None,
+            **endpoint: Any) -> Any:
     """Run the job to ``finish()`` and return its result; every process is told to stop on every way out."""
     joblog = JobLog(metrics, progress=progress)
     master = Master(app, membership, secret, config=dict(config or {}), num_executors=executors, num_shards=shards,
                     min_workers=min_workers, min_servers=min_servers, joblog=joblog, start_timeout=start_timeout,
-                    supervise=supervise, **endpoint)
+                    supervise=supervise, spawn=spawn, **endpoint)
     result: Any = None
     try:
         master.register()

@@ -38,12 +38,12 @@ class LocalProcesses:
         return proc
 
     def check(self) -> str | None:
-        """A one-line problem if a child ended that should still be running."""
+        """A one-line problem if a child failed (a drained child exits with 0: that is expected)."""
         if self.stopping:
             return None
         for role, proc in self.procs:
             code = proc.poll()
-            if code is not None:
+            if code:
                 how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
                 return f"{role} process {proc.pid} {how}"
         return None
@@ -95,5 +95,5 @@ def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = No
                 children.start(role)
 
     return run_job(app, membership, secret, config=config, executors=executors, min_workers=workers,
-                   min_servers=servers, supervise=children.check, on_registered=start_children,
+                   min_servers=servers, supervise=children.check, spawn=children.start, on_registered=start_children,
                    on_exit=children.stop, **options)

@@ -4,6 +4,10 @@ The driver's calls land here (the master is the driver's context). Dispatched ta
 current version and buffered per worker; completions arrive in batches, each one increments the version
 before ``handle_task_completion`` runs, so a task dispatched from that handler carries a version higher
 than any cached value that might predate the completed task's updates (thesis §4.4).
+
+Elasticity: after any join or leave the master re-plans placement (:mod:`.placement`) and moves
+executors and shards while tasks keep running. Tasks dispatched to a moving executor are held here and
+follow it; a shard's old server forwards until every worker has the new map.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from .appload import App
 from .errors import AppError, InputError, LitzError, app_error
 from .joblog import JobLog, check_json
 from .membership import Membership
+from .placement import plan_moves
 from .process import Process
 
 MEMBERSHIP_CHECK_S = 0.5
@@ -31,8 +36,19 @@ class Member:
 
     def __init__(self, ident: str, role: str, info: dict):
         self.ident, self.role, self.info = ident, role, info
-        self.executors: set[int] = set()
-        self.ready: set[int] = set()
+        self.state = "active"  # active | draining
+        self.ready = False  # worker: has the app and created its initial executors
+        self.retire_sent = False
+        self.first_map: int | None = None  # worker: first shard-map version it was sent
+        self.stats: dict = {}
+
+
+class ScaleOperation:
+    """One scale-out or scale-in, from the first move to the last move (and exit of released processes)."""
+
+    def __init__(self, kind: str, t0: float, processes: list[str]):
+        self.kind, self.t0, self.processes = kind, t0, list(processes)
+        self.bytes = self.executors_moved = self.shards_moved = 0
 
 
 class Master(Process):
@@ -41,7 +57,8 @@ class Master(Process):
     def __init__(self, app: App, membership: Membership, secret: str, *, config: dict,
                  num_executors: int | None, num_shards: int = 0, min_workers: int = 1, min_servers: int = 1,
                  joblog: JobLog | None = None, start_timeout: float = 60.0,
-                 supervise: Callable[[], str | None] | None = None, **endpoint: Any):
+                 supervise: Callable[[], str | None] | None = None, spawn: Callable[[str], Any] | None = None,
+                 **endpoint: Any):
         super().__init__("master", membership, secret, **endpoint)
         self.app = app
         self.config = config
@@ -52,10 +69,18 @@ class Master(Process):
         self.joblog = joblog or JobLog(progress=False)
         self.start_timeout = start_timeout
         self.supervise = supervise
+        self.spawn = spawn
         self.workers: dict[str, Member] = {}
         self.servers: dict[str, Member] = {}
         self.executor_owner: list[str] = []
         self.shard_owner: list[str] = []
+        self.map_version = 0
+        self.map_dirty = False
+        self.last_owned: dict[str, int] = {}  # server -> last map version in which it held a shard
+        self.moving_executors: dict[int, str] = {}
+        self.moving_shards: dict[int, str] = {}
+        self.held: dict[int, list] = defaultdict(list)  # tasks for moving executors
+        self.operation: ScaleOperation | None = None
         self.driver = None
         self.version = 0
         self.next_tid = 0
@@ -66,6 +91,7 @@ class Master(Process):
         self.finished = False
         self.result: Any = None
         self.state = "starting"
+        self._blob: bytes | None = None
         self._rate_samples: list[tuple[float, int]] = [(time.time(), 0)]
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -85,21 +111,29 @@ class Master(Process):
                     self.handle(sender, msg)
                     if self.finished:
                         break
-                self.flush_outbox()
-                self.check_progress()
+                self.after_batch()
             now = time.time()
             if now - last_check > MEMBERSHIP_CHECK_S:
                 last_check = now
                 self.check_members()
                 self.take_requests()
+                self.after_batch()
             if now - last_status > STATUS_EVERY_S:
                 last_status = now
                 self.publish_status()
             self.joblog.show(self.tasks_completed, self.rate(), len(self.workers), len(self.servers))
-        self.state = "finished"
+        self.state = "finished" if self.state == "running" else self.state
         self.joblog.show(self.tasks_completed, self.rate(), len(self.workers), len(self.servers), force=True)
         self.joblog.end_progress()
         return self.result
+
+    def after_batch(self) -> None:
+        if self.map_dirty:
+            self.broadcast_map()
+        self.check_retirements()
+        self.flush_outbox()
+        if self.started:
+            self.check_progress()
 
     def stop_all(self) -> None:
         """Tell every worker and server to exit (best effort: some may already be gone)."""
@@ -109,45 +143,49 @@ class Master(Process):
             except Exception:
                 pass
 
-    def wait_for_members(self) -> None:
+    def _pump(self, until: Callable[[], bool], what: str) -> None:
         deadline = time.time() + self.start_timeout
         ep = self.endpoint
-        while len(self.workers) < self.min_workers or len(self.servers) < self.min_servers:
+        while not until():
             if ep.poll(100):
                 for sender, msg in ep.drain():
                     self.handle(sender, msg)
             self._supervise()
             if time.time() > deadline:
-                raise LitzError(f"job did not start: {len(self.workers)} of {self.min_workers} workers and "
-                                f"{len(self.servers)} of {self.min_servers} servers joined within "
-                                f"{self.start_timeout:.0f} s")
+                raise LitzError(what())
+
+    def wait_for_members(self) -> None:
+        self._pump(lambda: len(self.workers) >= self.min_workers and len(self.servers) >= self.min_servers,
+                   lambda: f"job did not start: {len(self.workers)} of {self.min_workers} workers and "
+                           f"{len(self.servers)} of {self.min_servers} servers joined within "
+                           f"{self.start_timeout:.0f} s")
 
     def place_and_create(self) -> None:
         workers, servers = sorted(self.workers), sorted(self.servers)
         self.num_executors = self.requested_executors or 4 * len(workers)
         num_shards = self.requested_shards or max(64, 8 * len(servers))
         self.shard_owner = [servers[s % len(servers)] for s in range(num_shards)]
+        for s in servers:
+            self.last_owned[s] = 0
         n, w = self.num_executors, len(workers)
         self.executor_owner = [workers[e * w // n] for e in range(n)]  # contiguous, balanced blocks
-        shards_msg = (P.SHARDS, num_shards, self.shard_owner)
         for s in servers:
-            self.send(s, shards_msg)
-        blob = self.app.executor_blob()
+            self.send(s, self.map_message())
+        self._blob = self.app.executor_blob()
         for ident in workers:
-            mine = [e for e in range(n) if self.executor_owner[e] == ident]
-            self.workers[ident].executors = set(mine)
-            self.send(ident, (P.APP, blob, self.config, n))
-            self.send(ident, shards_msg)
-            self.send(ident, (P.CREATE, mine))
-        ep = self.endpoint
-        deadline = time.time() + self.start_timeout
-        while any(m.ready != m.executors for m in self.workers.values()):
-            if ep.poll(100):
-                for sender, msg in ep.drain():
-                    self.handle(sender, msg)
-            self._supervise()
-            if time.time() > deadline:
-                raise LitzError(f"executors were not ready within {self.start_timeout:.0f} s")
+            self.join_worker(ident, [e for e in range(n) if self.executor_owner[e] == ident])
+        self._pump(lambda: all(m.ready for m in self.workers.values()),
+                   lambda: f"executors were not ready within {self.start_timeout:.0f} s")
+
+    def join_worker(self, ident: str, executors: list[int]) -> None:
+        member = self.workers[ident]
+        member.first_map = self.map_version
+        self.send(ident, (P.APP, self._blob, self.config, self.num_executors))
+        self.send(ident, self.map_message())
+        self.send(ident, (P.CREATE, executors))
+
+    def map_message(self) -> tuple:
+        return (P.SHARDS, len(self.shard_owner), self.shard_owner, self.map_version)
 
     def start_driver(self) -> None:
         cls = self.app.driver_cls
@@ -173,17 +211,37 @@ class Master(Process):
         tag = msg[0]
         if tag == P.DONE:
             self.on_done(msg[1])
+        elif tag == P.STATS:
+            member = self.workers.get(sender) or self.servers.get(sender)
+            if member is not None:
+                member.stats = msg[1]
+        elif tag == P.MOVED:
+            self.on_executor_moved(sender, msg[1], msg[2])
+        elif tag == P.SHARD_MOVED:
+            self.on_shard_moved(sender, msg[1], msg[2])
+        elif tag == P.RETIRED:
+            self.on_retired(sender)
         elif tag == P.FAIL:
             raise app_error(msg[1], msg[2])
         elif tag == P.HELLO:
             self.on_hello(sender, msg[1], msg[2])
         elif tag == P.READY:
-            self.workers[sender].ready.update(msg[1])
+            self.workers[sender].ready = True
+            if self.started:
+                self.rebalance("scale_out", [sender])
 
     def on_hello(self, ident: str, role: str, info: dict) -> None:
         self.endpoint.connect(ident, info["address"])
         members = self.workers if role == "worker" else self.servers
         members[ident] = Member(ident, role, {**(self.membership.member(ident) or {}), **info})
+        if not self.executor_owner:
+            return  # placement not made yet: the newcomer is part of the initial one
+        if role == "worker":
+            self.join_worker(ident, [])
+        else:
+            self.last_owned[ident] = self.map_version
+            self.send(ident, self.map_message())
+            self.rebalance("scale_out", [ident])
 
     def on_done(self, results: list) -> None:
         driver = self.driver
@@ -216,7 +274,11 @@ class Master(Process):
             raise ValueError(f"dispatch_task: executor must be an int in [0, {self.num_executors}), "
                              f"got {executor!r}")
         executor = int(executor)
-        self.outbox[self.executor_owner[executor]].append((self.next_tid, executor, self.version, args))
+        task = (self.next_tid, executor, self.version, args)
+        if executor in self.moving_executors:
+            self.held[executor].append(task)  # follows the executor once it has arrived
+        else:
+            self.outbox[self.executor_owner[executor]].append(task)
         self.next_tid += 1
         self.in_flight += 1
 
@@ -226,6 +288,137 @@ class Master(Process):
     def finish(self, result: Any) -> None:
         self.result = check_json(result, "finish() result")
         self.finished = True
+
+    # -- elasticity ----------------------------------------------------------------------------------
+    def rebalance(self, kind: str, processes: list[str]) -> None:
+        """Plan and start the moves that spread executors and shards over the active processes."""
+        if not self.started:
+            return
+        workers = sorted(m.ident for m in self.workers.values() if m.state == "active" and m.ready)
+        servers = sorted(m.ident for m in self.servers.values() if m.state == "active")
+        ex_moves = plan_moves(self.executor_owner, self.moving_executors, workers)
+        shard_moves = plan_moves(self.shard_owner, self.moving_shards, servers)
+        if ex_moves or shard_moves or kind == "scale_in":
+            if self.operation is None:
+                self.operation = ScaleOperation(kind, time.time(), processes)
+            else:
+                self.operation.processes.extend(processes)
+        draining = {m.ident for m in self.workers.values() if m.state == "draining"}
+        for eid, src, dest in ex_moves:
+            self.moving_executors[eid] = dest
+            self.send(src, (P.MOVE_EXECUTOR, eid, dest, src not in draining))  # leaving: drop input data
+        for shard, src, dest in shard_moves:
+            self.moving_shards[shard] = dest
+            self.send(src, (P.MOVE_SHARD, shard, dest))
+        self.check_retirements()
+        self.maybe_end_operation()
+
+    def on_executor_moved(self, dest: str, eid: int, nbytes: int) -> None:
+        self.moving_executors.pop(eid, None)
+        self.executor_owner[eid] = dest
+        held = self.held.pop(eid, None)
+        if held:
+            self.outbox[dest].extend(held)
+        if self.operation:
+            self.operation.bytes += nbytes
+            self.operation.executors_moved += 1
+        self.maybe_end_operation()
+
+    def on_shard_moved(self, dest: str, shard: int, nbytes: int) -> None:
+        self.moving_shards.pop(shard, None)
+        self.shard_owner[shard] = dest
+        self.map_dirty = True
+        if self.operation:
+            self.operation.bytes += nbytes
+            self.operation.shards_moved += 1
+
+    def broadcast_map(self) -> None:
+        self.map_version += 1
+        self.map_dirty = False
+        for s in set(self.shard_owner):
+            self.last_owned[s] = self.map_version
+        msg = self.map_message()
+        for ident in self.workers:
+            self.send(ident, msg)
+        self.maybe_end_operation()
+
+    def check_retirements(self) -> None:
+        for m in list(self.workers.values()):
+            if (m.state == "draining" and not m.retire_sent and m.ident not in self.executor_owner
+                    and m.ident not in self.moving_executors.values()):
+                m.retire_sent = True
+                self.send(m.ident, (P.RETIRE, []))
+        if self.map_dirty:
+            return  # servers retire only once workers have been sent the map without them
+        for m in list(self.servers.values()):
+            if (m.state == "draining" and not m.retire_sent and m.ident not in self.shard_owner
+                    and m.ident not in self.moving_shards.values()):
+                m.retire_sent = True
+                last = self.last_owned.get(m.ident, -1)
+                waiting = [w.ident for w in self.workers.values() if w.first_map is not None and w.first_map <= last]
+                self.send(m.ident, (P.RETIRE, waiting))
+
+    def on_retired(self, ident: str) -> None:
+        if ident in self.workers:
+            del self.workers[ident]
+            for s in self.servers.values():  # it sent its last request long ago: fence on its behalf
+                if s.state == "draining":
+                    self.send(s.ident, (P.FENCE, self.map_version, ident))
+        self.servers.pop(ident, None)
+        self.endpoint.disconnect(ident)
+        self.maybe_end_operation()
+
+    def maybe_end_operation(self) -> None:
+        op = self.operation
+        if op is None or self.moving_executors or self.moving_shards or self.map_dirty:
+            return
+        if any(m.state == "draining" for m in (*self.workers.values(), *self.servers.values())):
+            return
+        end = time.time()
+        self.joblog.event(op.kind, t=round(op.t0 - self.joblog.start, 4), end=round(end - self.joblog.start, 4),
+                          duration_s=round(end - op.t0, 4), bytes=op.bytes, executors_moved=op.executors_moved,
+                          shards_moved=op.shards_moved, processes=op.processes, workers=len(self.workers),
+                          servers=len(self.servers))
+        self.operation = None
+
+    def drain(self, idents: list[str]) -> str:
+        """Move everything off these processes; each exits once empty. Returns what is happening."""
+        unknown = [i for i in idents if i not in self.workers and i not in self.servers]
+        if unknown:
+            raise LitzError(f"unknown process id(s): {', '.join(unknown)} (see litzctl status)")
+        for role, members in (("worker", self.workers), ("server", self.servers)):
+            left = [m for m in members.values() if m.state == "active" and m.ident not in idents]
+            if not left and any(i in members for i in idents):
+                raise LitzError(f"refused: draining {', '.join(i for i in idents if i in members)} would leave "
+                                f"no active {role}; a job needs at least one")
+        for ident in idents:
+            (self.workers.get(ident) or self.servers[ident]).state = "draining"
+        self.rebalance("scale_in", list(idents))
+        return f"draining {', '.join(idents)}"
+
+    def scale(self, workers: int | None, servers: int | None) -> str:
+        said = []
+        for role, target, members in (("worker", workers, self.workers), ("server", servers, self.servers)):
+            if target is None:
+                continue
+            if target < 1:
+                raise LitzError(f"refused: cannot scale to {target} {role}s; a job needs at least one")
+            active = sorted((m for m in members.values() if m.state == "active"), key=lambda m: m.ident)
+            if target > len(active):
+                more = target - len(active)
+                if self.spawn is not None:
+                    for _ in range(more):
+                        self.spawn(role)
+                    said.append(f"starting {more} {role}(s)")
+                else:
+                    said.append(f"waiting for {more} more {role}(s) to join: start `litz {role} --etcd ... "
+                                f"--name {self.membership.job}` on the new machines")
+            elif target < len(active):
+                leaving = [m.ident for m in sorted(active, key=lambda m: (int(m.ident[1:]), m.ident))[target:]]
+                said.append(self.drain(leaving))
+            else:
+                said.append(f"already {target} {role}(s)")
+        return "; ".join(said) or "nothing to do"
 
     # -- membership, requests, status ----------------------------------------------------------------
     def _supervise(self) -> None:
@@ -239,22 +432,34 @@ class Master(Process):
         alive = self.membership.members()
         for members in (self.workers, self.servers):
             for ident in list(members):
-                if ident not in alive:
-                    info = members[ident].info
-                    raise LitzError(f"{members[ident].role} {ident} (pid {info.get('pid')} on "
-                                    f"{info.get('host')}) was lost and there is no checkpoint to recover from")
+                m = members[ident]
+                if ident in alive:
+                    continue
+                if m.retire_sent:  # its RETIRED message may still be on its way
+                    self.on_retired(ident)
+                    continue
+                raise LitzError(f"{m.role} {ident} (pid {m.info.get('pid')} on {m.info.get('host')}) was lost "
+                                "and there is no checkpoint to recover from")
 
     def take_requests(self) -> None:
         for rid, req in self.membership.take_requests():
-            command = req.get("command")
-            if command == "stop":
-                self.joblog.event("stop", requested_by="litzctl")
-                self.finish(None)
-                self.state = "stopped"
-                self.membership.respond(rid, {"ok": True, "message": "job stopping"})
-            else:
-                self.membership.respond(rid, {"ok": False,
-                                              "message": f"this Litz version does not support {command!r} yet"})
+            command, args = req.get("command"), req.get("args", {})
+            try:
+                if command == "stop":
+                    self.joblog.event("stop", requested_by="litzctl")
+                    self.finish(None)
+                    self.state = "stopped"
+                    message = "job stopping"
+                elif command == "drain":
+                    message = self.drain(list(args.get("ids", [])))
+                elif command == "scale":
+                    message = self.scale(args.get("workers"), args.get("servers"))
+                else:
+                    raise LitzError(f"this Litz version does not support {command!r} yet")
+                leaving = [m.ident for m in (*self.workers.values(), *self.servers.values()) if m.state == "draining"]
+                self.membership.respond(rid, {"ok": True, "message": message, "leaving": leaving})
+            except LitzError as exc:
+                self.membership.respond(rid, {"ok": False, "message": str(exc)})
 
     def rate(self) -> float:
         now = time.time()
@@ -266,16 +471,24 @@ class Master(Process):
         return (self.tasks_completed - c0) / max(now - t0, 1e-9)
 
     def status(self) -> dict:
+        owned: dict[str, list[int]] = defaultdict(list)
+        for e, w in enumerate(self.executor_owner):
+            owned[w].append(e)
+        shards: dict[str, list[int]] = defaultdict(list)
+        for s, o in enumerate(self.shard_owner):
+            shards[o].append(s)
         return {
             "name": self.membership.job, "app": self.app.name, "state": self.state,
             "version": self.version, "tasks_completed": self.tasks_completed,
             "tasks_per_s": round(self.rate(), 1), "elapsed_s": round(self.joblog.elapsed(), 3),
             "executors": self.num_executors, "shards": len(self.shard_owner),
+            "moving": {"executors": len(self.moving_executors), "shards": len(self.moving_shards)},
             "report": self.joblog.last_report,
-            "workers": [{"id": m.ident, "pid": m.info.get("pid"), "host": m.info.get("host"),
-                         "executors": sorted(m.executors)} for m in self.workers.values()],
-            "servers": [{"id": m.ident, "pid": m.info.get("pid"), "host": m.info.get("host"),
-                         "shards": [s for s, o in enumerate(self.shard_owner) if o == m.ident]}
+            "workers": [{"id": m.ident, "pid": m.info.get("pid"), "host": m.info.get("host"), "state": m.state,
+                         "executors": owned.get(m.ident, []), "memory": m.stats.get("rss")}
+                        for m in self.workers.values()],
+            "servers": [{"id": m.ident, "pid": m.info.get("pid"), "host": m.info.get("host"), "state": m.state,
+                         "shards": shards.get(m.ident, []), "memory": m.stats.get("rss")}
                         for m in self.servers.values()],
         }
 

@@ -10,6 +10,17 @@ from .membership import Membership
 from .transport import Endpoint
 
 
+def resident_bytes() -> int:
+    """This process's resident memory (for status and memory budgets)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        import psutil
+
+        return psutil.Process().memory_info().rss
+
+
 def die_with_parent() -> None:
     """Local children end when their launcher ends, even if it is killed (Linux PR_SET_PDEATHSIG)."""
     try:
@@ -29,14 +40,14 @@ class Process:
         self.endpoint = Endpoint(ident, secret, host=host, port=port, bind_host=bind_host)
         self.pid = os.getpid()
 
-    def send(self, peer: str, msg: Any) -> int:
+    def send(self, peer: str, msg: Any, pickler: Any = None) -> int:
         ep = self.endpoint
         if not ep.knows(peer):
             info = self.membership.master() if peer == "master" else self.membership.member(peer)
             if info is None:
                 raise LitzError(f"{self.ident}: unknown peer {peer}")
             ep.connect(peer, info["address"])
-        return ep.send(peer, msg)
+        return ep.send(peer, msg, pickler)
 
     def close(self) -> None:
         self.endpoint.close()

@@ -2,7 +2,7 @@
 
 HELLO = "hello"        # worker/server -> master: (HELLO, role, info)
 APP = "app"            # master -> worker: (APP, executor_blob, config, num_executors)
-SHARDS = "shards"      # master -> worker/server: (SHARDS, num_shards, owners)
+SHARDS = "shards"      # master -> worker/server: (SHARDS, num_shards, owners, map_version)
 CREATE = "create"      # master -> worker: (CREATE, [eid, ...])
 READY = "ready"        # worker -> master: (READY, [eid, ...])
 TASKS = "tasks"        # master -> worker: (TASKS, [(task_id, eid, version, args), ...])
@@ -11,5 +11,19 @@ FAIL = "fail"          # any -> master: (FAIL, where, traceback_text)
 GETS = "gets"          # worker -> server: (GETS, [(request_id, shard, key), ...])
 VALUES = "values"      # server -> worker: (VALUES, [(request_id, value), ...])
 UPDATES = "updates"    # worker -> server: (UPDATES, flush_id, [(shard, key, delta), ...])
-ACK = "ack"            # server -> worker: (ACK, flush_id, [error, ...])
+ACK = "ack"            # server -> worker: (ACK, flush_id, items_applied, [error, ...])
 STOP = "stop"          # master -> worker/server: (STOP,)
+STATS = "stats"        # worker/server -> master: (STATS, {rss, ...}) about once a second
+
+# elasticity
+MOVE_EXECUTOR = "move_executor"  # master -> source worker: (MOVE_EXECUTOR, eid, dest, with_input)
+EXECUTOR = "executor"            # source -> dest worker: (EXECUTOR, eid, state, buffered_tasks, with_input)
+MOVED = "moved"                  # dest worker -> master: (MOVED, eid, bytes)
+MOVE_SHARD = "move_shard"        # master -> source server: (MOVE_SHARD, shard, dest)
+SHARD_DATA = "shard_data"        # source -> dest server: (SHARD_DATA, shard, table)
+SHARD_MOVED = "shard_moved"      # dest server -> master: (SHARD_MOVED, shard, bytes)
+FWD_GETS = "fwd_gets"            # server -> server: (FWD_GETS, origin_worker, [(request_id, shard, key), ...])
+FWD_UPDATES = "fwd_updates"      # server -> server: (FWD_UPDATES, origin_worker, flush_id, [(shard, key, delta)])
+FENCE = "fence"                  # worker -> server that lost all its shards: (FENCE, map_version)
+RETIRE = "retire"                # master -> worker/server: (RETIRE, [worker ids whose fences to await])
+RETIRED = "retired"              # worker/server -> master: (RETIRED,) just before it exits

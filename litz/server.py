@@ -1,14 +1,20 @@
-"""Server process: holds parameter-server shards and applies additive updates.
+"""Server process: holds parameter-server shards, applies additive updates, forwards for moved shards.
 
 Values are stored as received: a new key keeps the array decoded from the update frame (zero-copy,
 read-only); the next update to it allocates a writable result, later ones add in place. An array
 handed to ZeroMQ for a reply is never mutated afterwards (it may still be in flight): an update to an
 exported key builds a new array instead.
+
+Moving a shard never pauses workers (thesis §4.4): the old owner ships the table, remembers where it
+went, and forwards every later request or update for it, keeping the original worker as the one to
+answer. Updates are acknowledged per item by whichever server applied them, so a worker's flush
+completes however many hops its items took.
 """
 from __future__ import annotations
 
 import time
 import traceback
+from collections import defaultdict
 from collections.abc import Hashable
 from typing import Any
 
@@ -16,7 +22,7 @@ import numpy as np
 
 from . import protocol as P
 from .cache import add_into
-from .process import Process
+from .process import Process, resident_bytes
 
 
 class Server(Process):
@@ -25,9 +31,11 @@ class Server(Process):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.shards: dict[int, dict[Hashable, Any]] = {}
+        self.forward: dict[int, str] = {}  # shard -> the server it was sent to
         self.exported: set = set()  # (shard, key) of arrays handed to ZeroMQ since their last update
         self.running = True
-        self.bytes_in = 0
+        self.retire_waiting: set[str] | None = None  # workers whose fence we still need before exiting
+        self.fences: set[str] = set()
 
     def run(self) -> None:
         self.send("master", (P.HELLO, "server", {"address": self.endpoint.address}))
@@ -42,27 +50,75 @@ class Server(Process):
                 last_check = now
                 if self.membership.lost.is_set() or self.membership.master() is None:
                     break  # master gone or we were declared dead: nothing left to serve
+                self.send("master", (P.STATS, self.stats()))
+
+    def stats(self) -> dict:
+        nbytes = sum(v.nbytes if isinstance(v, np.ndarray) else 8 for t in self.shards.values() for v in t.values())
+        return {"rss": resident_bytes(), "shard_bytes": nbytes, "keys": sum(len(t) for t in self.shards.values())}
 
     def handle(self, sender: str, msg: tuple) -> None:
         tag = msg[0]
         if tag == P.GETS:
-            self.send(sender, (P.VALUES, [(rid, self.get(shard, key)) for rid, shard, key in msg[1]]))
+            self.on_gets(sender, msg[1])
         elif tag == P.UPDATES:
-            errors = []
-            for shard, key, delta in msg[2]:
-                try:
-                    self.update(shard, key, delta)
-                except Exception as exc:  # reported to the task's worker, which fails the job
-                    errors.append(str(exc))
-            self.send(sender, (P.ACK, msg[1], errors))
+            self.on_updates(sender, msg[1], msg[2])
+        elif tag == P.FWD_GETS:
+            self.on_gets(msg[1], msg[2])
+        elif tag == P.FWD_UPDATES:
+            self.on_updates(msg[1], msg[2], msg[3])
         elif tag == P.SHARDS:
             for shard, owner in enumerate(msg[2]):
-                if owner == self.ident:
+                if owner == self.ident and shard not in self.forward:
                     self.shards.setdefault(shard, {})
+        elif tag == P.MOVE_SHARD:
+            self.move_shard(msg[1], msg[2])
+        elif tag == P.SHARD_DATA:
+            self.receive_shard(msg[1], msg[2])
+        elif tag == P.FENCE:  # from a worker, or from the master for a worker that already retired
+            self.fences.add(msg[2] if len(msg) > 2 else sender)
+            self.maybe_retire()
+        elif tag == P.RETIRE:
+            self.retire_waiting = set(msg[1])
+            self.maybe_retire()
         elif tag == P.STOP:
             self.running = False
         else:
             self.send("master", (P.FAIL, f"server {self.ident}", f"unexpected message {tag!r}"))
+
+    # -- requests ------------------------------------------------------------------------------------
+    def _split(self, items: list, shard_index: int) -> tuple[list, dict[str, list]]:
+        """Items for shards held here, and the rest grouped by the server to forward them to."""
+        mine, away = [], None
+        forward = self.forward
+        for item in items:
+            dest = forward.get(item[shard_index])
+            if dest is None:
+                mine.append(item)
+            else:
+                if away is None:
+                    away = defaultdict(list)
+                away[dest].append(item)
+        return mine, away or {}
+
+    def on_gets(self, origin: str, items: list) -> None:
+        mine, away = self._split(items, 1) if self.forward else (items, {})
+        for dest, fwd in away.items():
+            self.send(dest, (P.FWD_GETS, origin, fwd))
+        if mine:
+            self.send(origin, (P.VALUES, [(rid, self.get(shard, key)) for rid, shard, key in mine]))
+
+    def on_updates(self, origin: str, fid: int, items: list) -> None:
+        mine, away = self._split(items, 0) if self.forward else (items, {})
+        for dest, fwd in away.items():
+            self.send(dest, (P.FWD_UPDATES, origin, fid, fwd))
+        if mine:
+            errors = []
+            for shard, key, delta in mine:
+                try:
+                    self.update(shard, key, delta)
+                except Exception as exc:  # reported to the task's worker, which fails the job
+                    errors.append(str(exc))
+            self.send(origin, (P.ACK, fid, len(mine), errors))
 
     def get(self, shard: int, key: Hashable) -> Any:
         value = self.shards.setdefault(shard, {}).get(key)
@@ -83,3 +139,24 @@ class Server(Process):
             table[key] = add_into(key, cur, delta, in_place)
         except Exception:
             raise ValueError(traceback.format_exc(limit=0).strip()) from None
+
+    # -- elasticity ----------------------------------------------------------------------------------
+    def move_shard(self, shard: int, dest: str) -> None:
+        table = self.shards.pop(shard, {})
+        self.exported = {ref for ref in self.exported if ref[0] != shard}
+        self.forward[shard] = dest
+        self.send(dest, (P.SHARD_DATA, shard, table))  # before anything forwarded for it: same channel
+
+    def receive_shard(self, shard: int, table: dict) -> None:
+        self.forward.pop(shard, None)
+        self.shards.setdefault(shard, {})
+        for key, value in table.items():  # additive values merge exactly, should any have arrived first
+            self.update(shard, key, value)
+        nbytes = sum(v.nbytes if isinstance(v, np.ndarray) else 8 for v in table.values())
+        self.send("master", (P.SHARD_MOVED, shard, nbytes))
+
+    def maybe_retire(self) -> None:
+        """Exit once every worker promised (by a fence behind its last request) to send nothing more."""
+        if self.retire_waiting is not None and self.retire_waiting <= self.fences and not self.shards:
+            self.send("master", (P.RETIRED,))
+            self.running = False

@@ -72,9 +72,9 @@ class Endpoint:
         return self._addresses.get(peer)
 
     # -- messages ------------------------------------------------------------------------------------
-    def send(self, peer: str, msg: Any) -> int:
+    def send(self, peer: str, msg: Any, pickler: Any = None) -> int:
         """Send ``msg`` to ``peer``; returns the bytes handed to ZeroMQ."""
-        frames = wire.encode(msg)
+        frames = wire.encode(msg) if pickler is None else wire.encode(msg, pickler)
         self._peers[peer].send_multipart(frames, copy=False)
         return sum(memoryview(f).nbytes for f in frames)
 

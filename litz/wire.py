@@ -12,8 +12,10 @@ from typing import Any
 OUT_OF_BAND_MIN_BYTES = 1024
 
 
-def encode(obj: Any) -> list:
-    """Frames for ``obj``: the pickle header first, then out-of-band buffers."""
+def encode(obj: Any, pickler: Any = pickle) -> list:
+    """Frames for ``obj``: the pickle header first, then out-of-band buffers.
+
+    ``pickler=cloudpickle`` for app objects (executor state): classes defined by value travel with them."""
     frames: list = [None]
 
     def keep_out_of_band(buf: pickle.PickleBuffer) -> bool:
@@ -23,7 +25,7 @@ def encode(obj: Any) -> list:
         frames.append(raw)
         return False
 
-    frames[0] = pickle.dumps(obj, protocol=5, buffer_callback=keep_out_of_band)
+    frames[0] = pickler.dumps(obj, protocol=5, buffer_callback=keep_out_of_band)
     return frames
 
 
@@ -33,3 +35,17 @@ def decode(frames: list) -> Any:
     head = head.buffer if hasattr(head, "buffer") else head
     bufs = [f.buffer if hasattr(f, "buffer") else f for f in frames[1:]]
     return pickle.loads(head, buffers=bufs)
+
+
+def size_of(obj: Any) -> int:
+    """Bytes ``obj`` takes on the wire (pickle stream plus out-of-band buffers), without copying them."""
+    sizes = [0]
+
+    def count(buf: pickle.PickleBuffer) -> bool:
+        sizes[0] += buf.raw().nbytes
+        return False
+
+    try:
+        return len(pickle.dumps(obj, protocol=5, buffer_callback=count)) + sizes[0]
+    except Exception:
+        return 0

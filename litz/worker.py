@@ -16,11 +16,12 @@ import cloudpickle
 import greenlet
 
 from . import protocol as P
+from . import wire
 from .api import Executor
 from .cache import MISS, ParamCache, UpdateLog
 from .errors import LitzError, describe_app_exception
 from .keys import ShardMap
-from .process import Process
+from .process import Process, resident_bytes
 
 RUN_SLICE_S = 0.02  # longest stretch of task execution between two looks at the network
 
@@ -64,7 +65,11 @@ class Worker(Process):
         self.fetch_by_key: dict[Hashable, Fetch] = {}
         self.out_gets: dict[str, list] = defaultdict(list)
         self.completed: list[tuple[int, Any]] = []
-        self.flushing: tuple[int, set, list] | None = None
+        self.flushing: list | None = None  # [flush_id, items not yet acknowledged, results]
+        self.started: dict[int, int] = defaultdict(int)  # eid -> tasks started and not finished
+        self.moving: dict[int, tuple[str, bool, list]] = {}  # eid -> (dest, with_input, buffered tasks)
+        self.retiring = False
+        self.map_version = -1
         self.next_rid = 0
         self.next_fid = 0
         self.running = True
@@ -87,11 +92,17 @@ class Worker(Process):
                 self.send_gets()
             if self.completed and self.flushing is None:
                 self.flush()
+            if self.moving:
+                self.ship_ready_executors()
+            if self.retiring and self.can_retire():
+                self.send("master", (P.RETIRED,))
+                return
             now = time.time()
             if now - last_check > 1.0:
                 last_check = now
                 if self.membership.lost.is_set() or self.membership.master() is None:
                     return  # master gone or we were declared dead
+                self.send("master", (P.STATS, self.stats()))
 
     def handle(self, sender: str, msg: tuple) -> None:
         tag = msg[0]
@@ -101,14 +112,20 @@ class Worker(Process):
         elif tag == P.VALUES:
             self.on_values(msg[1])
         elif tag == P.ACK:
-            self.on_ack(sender, msg[1], msg[2])
+            self.on_ack(sender, msg[1], msg[2], msg[3])
         elif tag == P.APP:
             _, blob, self.config, self.num_executors = msg
             self.executor_cls = cloudpickle.loads(blob)
         elif tag == P.SHARDS:
-            self.shardmap = ShardMap(msg[1], list(msg[2]))
+            self.on_shard_map(msg[1], list(msg[2]), msg[3])
         elif tag == P.CREATE:
             self.create_executors(msg[1])
+        elif tag == P.MOVE_EXECUTOR:
+            self.start_move(msg[1], msg[2], msg[3])
+        elif tag == P.EXECUTOR:
+            self.receive_executor(msg[1], msg[2], msg[3], msg[4])
+        elif tag == P.RETIRE:
+            self.retiring = True
         elif tag == P.STOP:
             self.running = False
         else:
@@ -117,12 +134,32 @@ class Worker(Process):
     def fail(self, where: str, text: str) -> None:
         self.send("master", (P.FAIL, where, text))
 
+    def stats(self) -> dict:
+        return {"rss": resident_bytes(), "executors": len(self.executors), "cache_keys": len(self.cache),
+                "tasks_run": self.tasks_run}
+
+    def on_shard_map(self, num_shards: int, owners: list[str], version: int) -> None:
+        if version <= self.map_version:
+            return
+        self.map_version = version
+        if self.shardmap is None:
+            self.shardmap = ShardMap(num_shards, owners)
+            return
+        old = set(self.shardmap.owners)
+        self.shardmap.owners = owners
+        for server in old - set(owners):
+            self.send(server, (P.FENCE, version))  # behind every request we ever sent it
+
     # -- executors -----------------------------------------------------------------------------------
+    def _bind(self, eid: int) -> Executor:
+        ex = self.executor_cls.__new__(self.executor_cls)
+        ex.executor_id, ex.num_executors, ex.config, ex._litz = eid, self.num_executors, self.config, self
+        return ex
+
     def create_executors(self, eids: Iterable[int]) -> None:
         ready = []
         for eid in eids:
-            ex = self.executor_cls.__new__(self.executor_cls)
-            ex.executor_id, ex.num_executors, ex.config, ex._litz = eid, self.num_executors, self.config, self
+            ex = self._bind(eid)
             try:
                 ex.__init__()
                 ex.load_input()
@@ -132,6 +169,45 @@ class Worker(Process):
             self.executors[eid] = ex
             ready.append(eid)
         self.send("master", (P.READY, ready))
+
+    def start_move(self, eid: int, dest: str, with_input: bool) -> None:
+        """Stop starting tasks of ``eid``; it ships once its started tasks have finished (thesis §4.4)."""
+        queued = [t for t in self.runnable if t.eid == eid and t.glet is None]
+        if queued:
+            self.runnable = deque(t for t in self.runnable if not (t.eid == eid and t.glet is None))
+        self.moving[eid] = (dest, with_input, [(t.tid, t.eid, t.version, t.args) for t in queued])
+        self.ship_ready_executors()
+
+    def ship_ready_executors(self) -> None:
+        for eid in [e for e in self.moving if self.started[e] == 0]:
+            dest, with_input, buffered = self.moving.pop(eid)
+            ex = self.executors.pop(eid, None)
+            if ex is None:
+                self.fail(f"worker {self.ident}", f"asked to move executor {eid}, which is not here")
+                continue
+            state = executor_state(ex, with_input)
+            self.send(dest, (P.EXECUTOR, eid, state, buffered, with_input), pickler=cloudpickle)
+
+    def receive_executor(self, eid: int, state: Any, buffered: list, with_input: bool) -> None:
+        ex = self._bind(eid)
+        try:
+            if hasattr(ex, "__setstate__"):
+                ex.__setstate__(state)
+            else:
+                ex.__dict__.update(state)
+            if not with_input:
+                ex.load_input()
+        except Exception as exc:
+            self.fail(*describe_app_exception(f"executor {eid} load_input after moving", exc))
+            return
+        self.executors[eid] = ex
+        for tid, _, version, args in buffered:
+            self.runnable.append(Task(tid, eid, version, args))
+        self.send("master", (P.MOVED, eid, wire.size_of(state)))
+
+    def can_retire(self) -> bool:
+        return (not self.executors and not self.moving and not self.runnable and not self.completed
+                and self.flushing is None)
 
     # -- micro-tasks ---------------------------------------------------------------------------------
     def run_slice(self) -> None:
@@ -150,11 +226,14 @@ class Worker(Process):
         self.current = None
 
     def _task_body(self, task: Task) -> None:
+        self.started[task.eid] += 1
         try:
             result = self.executors[task.eid].run_task(task.args)
         except Exception as exc:
             self.fail(*describe_app_exception(f"executor {task.eid} run_task", exc))
             return
+        finally:
+            self.started[task.eid] -= 1
         self.tasks_run += 1
         self.completed.append((task.tid, task.result if task.signalled else result))
 
@@ -252,15 +331,23 @@ class Worker(Process):
         self.next_fid += 1
         for server, items in by_server.items():
             self.send(server, (P.UPDATES, fid, items))
-        self.flushing = (fid, set(by_server), results)
+        self.flushing = [fid, len(log), results]
 
-    def on_ack(self, server: str, fid: int, errors: list) -> None:
+    def on_ack(self, server: str, fid: int, applied: int, errors: list) -> None:
         if errors:
             self.fail(f"ps_update on server {server}", "\n".join(errors))
         flushing = self.flushing
         if flushing is None or flushing[0] != fid:
             return
-        flushing[1].discard(server)
-        if not flushing[1]:
+        flushing[1] -= applied
+        if flushing[1] == 0:
             self.flushing = None
             self.send("master", (P.DONE, flushing[2]))
+
+
+def executor_state(ex: Executor, with_input: bool) -> Any:
+    """The executor's state to move or checkpoint; input data only when asked (scale-out sends it)."""
+    state = ex.__getstate__()
+    if not with_input and isinstance(state, dict):
+        state = {k: v for k, v in state.items() if k not in ex.input_attrs}
+    return state

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 from ..errors import LitzError
 from ..membership import Membership, connect_kv
@@ -27,8 +28,13 @@ def build_parser() -> argparse.ArgumentParser:
     sc = sub.add_parser("scale", help="change the number of workers/servers")
     sc.add_argument("--workers", type=int)
     sc.add_argument("--servers", type=int)
+    sc.add_argument("--no-wait", action="store_true", help="return at once instead of waiting for released "
+                    "processes to exit")
+    sc.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for released processes")
     dr = sub.add_parser("drain", help="move everything off these processes, then they exit")
     dr.add_argument("ids", nargs="+", metavar="ID")
+    dr.add_argument("--no-wait", action="store_true", help="return at once instead of waiting for them to exit")
+    dr.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for them to exit")
     sub.add_parser("checkpoint", help="take a consistent checkpoint now")
     ml = sub.add_parser("memory-limit", help="change the per-worker memory budget")
     ml.add_argument("bytes", type=int)
@@ -47,6 +53,21 @@ def format_status(st: dict) -> str:
     for s in st["servers"]:
         lines.append(f"  server {s['id']:>5}  pid {s['pid']:>7}  host {s['host']}  shards {len(s['shards'])}")
     return "\n".join(lines)
+
+
+def wait_gone(job: Membership, idents: list[str], timeout: float, t0: float) -> None:
+    """Block until the released processes have left the job (what a scheduler or preStop hook waits for)."""
+    deadline = time.time() + timeout
+    while True:
+        left = [i for i in idents if i in job.members()]
+        if not left:
+            print(f"released {', '.join(idents)} in {time.time() - t0:.2f} s")
+            return
+        if job.master() is None:
+            raise LitzError("the job ended before the released processes exited")
+        if time.time() > deadline:
+            raise LitzError(f"{', '.join(left)} still running after {timeout:.0f} s")
+        time.sleep(0.02)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(st, indent=1) if args.json else format_status(st))
             return 0
         request = {k: v for k, v in vars(args).items() if k not in ("etcd", "name", "command")}
+        t0 = time.time()
         rid = job.post_request(args.command, request)
         resp = job.wait_response(rid, REQUEST_TIMEOUT_S)
         if resp is None:
@@ -78,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         if not resp.get("ok"):
             raise LitzError(resp.get("message", "refused"))
         print(resp.get("message", "ok"))
+        leaving = resp.get("leaving") or []
+        if args.command in ("drain", "scale") and leaving and not args.no_wait:
+            wait_gone(job, leaving, args.timeout, t0)
         return 0
 
     return main_guard("litzctl", body)

@@ -1,0 +1,43 @@
+"""Balancing policy: spread items (executors or shards) evenly over active processes, moving as few as possible.
+
+Items on leaving processes all move; a process above its quota gives up only its excess; quotas that
+exceed the even share by one go to the processes that already hold the most, so nothing moves that
+need not.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+
+def plan_moves(owner: list[str], moving: dict[int, str], active: list[str]) -> list[tuple[int, str, str]]:
+    """Moves ``(item, source, dest)`` that balance ``owner`` (item -> process) over ``active``.
+
+    ``moving`` maps items already in flight to their destination; they count there and are not moved again.
+    """
+    if not active:
+        return []
+    future = list(owner)
+    for item, dest in moving.items():
+        future[item] = dest
+    held: dict[str, list[int]] = defaultdict(list)
+    for item, proc in enumerate(future):
+        held[proc].append(item)
+    active_set = set(active)
+    base, extra = divmod(len(owner), len(active))
+    ranked = sorted(active, key=lambda p: (-len(held[p]), p))
+    quota = {p: base + (1 if i < extra else 0) for i, p in enumerate(ranked)}
+    surplus: list[int] = []
+    for proc, items in held.items():
+        free = [i for i in items if i not in moving]
+        keep = quota.get(proc, 0) if proc in active_set else 0
+        excess = len(items) - keep
+        if excess > 0:
+            surplus.extend(free[len(free) - excess:] if excess <= len(free) else free)
+    moves = []
+    for proc in ranked:
+        for _ in range(quota[proc] - len(held[proc])):
+            if not surplus:
+                break
+            item = surplus.pop()
+            moves.append((item, owner[item], proc))
+    return moves
