@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any
 
 from .errors import LitzError
@@ -48,6 +49,17 @@ class Process:
                 raise LitzError(f"{self.ident}: unknown peer {peer}")
             ep.connect(peer, info["address"])
         return ep.send(peer, msg, pickler)
+
+    def await_welcome(self, timeout: float) -> None:
+        """Handle nothing until the master's first message: none means it cannot hear us (wrong secret?)."""
+        ep = self.endpoint
+        deadline = time.time() + timeout
+        while not ep.poll(100):
+            if time.time() > deadline:
+                raise LitzError(f"{self.role} {self.ident}: the master at {ep.address_of('master')} did not answer "
+                                f"within {timeout:.0f} s; is the job secret right?")
+            if self.membership.master() is None:
+                raise LitzError(f"{self.role} {self.ident}: the job's master is gone")
 
     def close(self) -> None:
         self.endpoint.close()

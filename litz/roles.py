@@ -43,12 +43,15 @@ def serve(role: str, name: str, *, etcd: str | None = None, home: str | None = N
     membership = Membership(connect_kv(etcd, home), name)
     membership.wait_master(start_timeout)
     secret = job_secret(membership, secret_file)
+    if ident and (membership.member(ident) is not None or not membership.kv.create(
+            f"{membership.prefix}ids/{ident}", time.time())):
+        raise LitzError(f"process id {ident!r} is already taken in job {name!r}")
     ident = ident or membership.allocate_id(role)
     cls = Worker if role == "worker" else Server
     proc = cls(ident, membership, secret, host=host, bind_host=bind_host)
     membership.register(role, ident, {"address": proc.endpoint.address})
     try:
-        proc.run()
+        proc.run(start_timeout)
     finally:
         membership.unregister()
         proc.close()

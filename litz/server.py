@@ -37,8 +37,9 @@ class Server(Process):
         self.retire_waiting: set[str] | None = None  # workers whose fence we still need before exiting
         self.fences: set[str] = set()
 
-    def run(self) -> None:
+    def run(self, start_timeout: float = 600.0) -> None:
         self.send("master", (P.HELLO, "server", {"address": self.endpoint.address}))
+        self.await_welcome(start_timeout)
         ep = self.endpoint
         last_check = time.time()
         while self.running:

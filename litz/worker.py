@@ -76,8 +76,9 @@ class Worker(Process):
         self.tasks_run = 0
 
     # -- event loop ----------------------------------------------------------------------------------
-    def run(self) -> None:
+    def run(self, start_timeout: float = 600.0) -> None:
         self.send("master", (P.HELLO, "worker", {"address": self.endpoint.address}))
+        self.await_welcome(start_timeout)
         ep = self.endpoint
         last_check = time.time()
         while self.running:

@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(role, help=f"cluster mode: a {role} process",
                            description=f"Join job NAME as a {role} process.")
         _role_options(p)
+        p.add_argument("--id", help="this process's id in the job (default: allocated, e.g. w3); must be unique, "
+                       "such as a Kubernetes pod name")
+        p.add_argument("--start-timeout", type=float, default=600.0,
+                       help="seconds to wait for the job's master (default 600)")
     return parser
 
 
@@ -104,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         from ..roles import serve
 
         serve(args.command, args.name, etcd=args.etcd, home=args.home, secret_file=args.secret_file,
-              host=args.host, bind_host=args.bind)
+              host=args.host, bind_host=args.bind, ident=args.id, start_timeout=args.start_timeout)
         return 0
 
     return main_guard("litz", body)
