@@ -53,6 +53,12 @@ def run_job(app: App, membership: Membership, secret: str, *, config: dict | Non
     result: Any = None
     try:
         master.register()
+    except BaseException:
+        joblog.close()
+        membership.unregister()
+        master.close()
+        raise  # refused (another master holds the name): leave that job's registry entries alone
+    try:
         if on_registered:
             on_registered()
         result = master.run()

@@ -37,3 +37,51 @@ def no_leftover_processes():
         except psutil.Error:
             pass
     assert not left, f"processes left behind: {[(p.pid, p.cmdline()) for p in left]}"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EtcdServer:
+    def __init__(self, endpoint: str, proc) -> None:
+        self.endpoint, self.proc = endpoint, proc
+
+
+@pytest.fixture
+def etcd(tmp_path):
+    """A real etcd server on free loopback ports (``.endpoint`` is 'HOST:PORT'), killed after the test."""
+    import shutil
+    import subprocess
+
+    binary = shutil.which("etcd")
+    assert binary, "etcd is not installed (apt-get install etcd-server; .ci/run does this)"
+    client, peer = _free_port(), _free_port()
+    proc = subprocess.Popen([binary, "--data-dir", str(tmp_path / "etcd"), "--name", "test",
+                             "--listen-client-urls", f"http://127.0.0.1:{client}",
+                             "--advertise-client-urls", f"http://127.0.0.1:{client}",
+                             "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+                             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                             "--initial-cluster", f"test=http://127.0.0.1:{peer}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"127.0.0.1:{client}"
+    try:
+        from litz.membership.etcdkv import EtcdKV
+
+        deadline = time.time() + 20
+        while True:
+            try:
+                EtcdKV(endpoint, timeout=1.0).close()
+                break
+            except Exception:
+                if time.time() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.2)
+        yield EtcdServer(endpoint, proc)
+    finally:
+        proc.kill()
+        proc.wait()

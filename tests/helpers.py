@@ -28,3 +28,52 @@ def run_cli(args: list[str], timeout: float = 90, cwd: str = ROOT, **kw) -> subp
             pass
         proc.wait()
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+class Processes:
+    """Processes a test starts, each in its own process group; all groups are killed on exit."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, args: list[str], **kw) -> subprocess.Popen:
+        tool = args[0]
+        proc = subprocess.Popen([sys.executable, "-m", f"litz.cli.{tool}", *args[1:]], cwd=kw.pop("cwd", ROOT),
+                                text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                **kw)
+        self.procs.append(proc)
+        return proc
+
+    def __enter__(self) -> Processes:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for proc in self.procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
+    """Poll ``predicate`` until it returns something truthy; fail the test with ``what`` on timeout."""
+    import time
+
+    deadline = time.time() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.time() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def status(name: str, etcd: str | None = None) -> dict | None:
+    """The job's published status, read through litzctl (None while it has none)."""
+    import json
+
+    args = ["litzctl", *(["--etcd", etcd] if etcd else []), "--name", name, "status", "--json"]
+    res = run_cli(args, timeout=30)
+    return json.loads(res.stdout) if res.returncode == 0 else None

@@ -15,6 +15,7 @@ def test_causal_chains_and_concurrent_updates(workers, servers, executors, shard
     assert result["violations"] == []
     n = chains * steps
     assert result["total"] == n
+    assert result["tasks_ran"] == n
     assert result["missing"] is None
     for d in DTYPES:
         dtype, shape, total = result["arrays"][d]

@@ -3,7 +3,11 @@
 Chain c runs ``steps`` tasks; step t runs on executor (c + t) % E, reads counter ("chain", c), which
 must equal t if every earlier step's update is visible (the consistency rule), then adds 1. Every task
 also adds 1 to "total" and a block of ones to arrays of several dtypes, so lost or doubled updates show.
+Executors count the tasks they ran (state that must survive migration and recovery) and check their
+input data (which is re-loaded, never moved, on scale-in).
 """
+import time
+
 import numpy as np
 
 import litz
@@ -18,27 +22,44 @@ class Chains(litz.Driver):
         self.steps = self.config.get("steps", 40)
         self.violations = []
         self.left = self.chains
+        self.counts = {}
         for c in range(self.chains):
             self.dispatch_task(c % self.num_executors, ("step", c, 0))
 
     def handle_task_completion(self, result):
-        if result[0] == "check":
-            self.finish({"violations": self.violations, **result[1]})
-            return
-        _, c, t, seen = result
-        if seen != t:
-            self.violations.append([c, t, seen])
-        if t + 1 < self.steps:
-            self.dispatch_task((c + t + 1) % self.num_executors, ("step", c, t + 1))
-        else:
-            self.left -= 1
-            if self.left == 0:
+        kind = result[0]
+        if kind == "check":
+            ran = sum(self.counts.values())
+            self.finish({"violations": self.violations, "tasks_ran": ran, **result[1]})
+        elif kind == "count":
+            self.counts[result[1]] = result[2]
+            if len(self.counts) == self.num_executors:
                 self.dispatch_task(self.num_executors - 1, ("check",))
+        else:
+            _, c, t, seen = result
+            if seen != t:
+                self.violations.append([c, t, seen])
+            if t + 1 < self.steps:
+                self.dispatch_task((c + t + 1) % self.num_executors, ("step", c, t + 1))
+            else:
+                self.left -= 1
+                if self.left == 0:
+                    for e in range(self.num_executors):
+                        self.dispatch_task(e, ("count",))
 
 
 class ChainExecutor(litz.Executor):
+    input_attrs = ("data",)
+
+    def load_input(self):
+        self.data = np.arange(1000, dtype=np.float64) + self.executor_id
+
     def run_task(self, args):
-        if args[0] == "check":
+        assert self.data[0] == self.executor_id and len(self.data) == 1000, "input data lost or wrong"
+        kind = args[0]
+        if kind == "count":
+            return ("count", self.executor_id, getattr(self, "ran", 0))
+        if kind == "check":
             arrays = self.ps_get_many([("arr", d) for d in DTYPES])
             return ("check", {
                 "total": self.ps_get("total"),
@@ -49,7 +70,10 @@ class ChainExecutor(litz.Executor):
         _, c, t = args
         value = self.ps_get(("chain", c))
         seen = 0 if value is None else int(value)
+        if self.config.get("sleep"):
+            time.sleep(self.config["sleep"])
         self.ps_update(("chain", c), 1)
         self.ps_update("total", 1)
         self.ps_update_many((("arr", d), np.ones(SHAPE, dtype=d)) for d in DTYPES)
+        self.ran = getattr(self, "ran", 0) + 1
         return ("step", c, t, seen)

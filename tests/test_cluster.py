@@ -1,0 +1,84 @@
+"""Cluster mode with real etcd: roles started separately, joining and leaving, and the ways it can go wrong."""
+import json
+import signal
+import time
+
+import pytest
+
+from tests.helpers import Processes, app_path, run_cli, status, wait_for
+from tests.test_elasticity import CHAINS, STEPS, check_result, ctl
+
+STEPS_LONG = 4 * STEPS  # long enough for everything the test does while it runs
+
+
+def master_args(etcd: str, name: str, *extra: str) -> list[str]:
+    return ["litz", "master", app_path("chains"), "--etcd", etcd, "--name", name, "--min-workers", "2",
+            "--executors", "12", "--config", f"chains={CHAINS}", f"steps={STEPS_LONG}", "sleep=0.002",
+            "--no-progress", *extra]
+
+
+def role(kind: str, etcd: str, name: str, *extra: str) -> list[str]:
+    return ["litz", kind, "--etcd", etcd, "--name", name, *extra]
+
+
+@pytest.mark.timeout(150)
+def test_cluster_job_with_joins_drains_and_bad_peers(etcd, tmp_path):
+    e, name, out = etcd.endpoint, "cluster-job", tmp_path / "out.json"
+    with Processes() as procs:
+        # roles in any order: workers and a server first, then the master
+        procs.start(role("worker", e, name))
+        procs.start(role("server", e, name))
+        master = procs.start(master_args(e, name, "--output", str(out)))
+        procs.start(role("worker", e, name))
+        wait_for(lambda: (s := status(name, e)) and s["tasks_completed"] > 0, 30, "the cluster job running")
+
+        second = run_cli(master_args(e, name), timeout=30)
+        assert second.returncode == 2 and "already has a master" in second.stderr, second.stderr
+
+        bad_secret = tmp_path / "wrong.secret"
+        bad_secret.write_text("not-the-job-secret")
+        intruder = run_cli(role("worker", e, name, "--secret-file", str(bad_secret), "--start-timeout", "3"),
+                           timeout=30)
+        assert intruder.returncode == 2 and "is the job secret right?" in intruder.stderr, intruder.stderr
+
+        res = ctl(name, "scale", "--workers", "3", etcd=e)
+        assert res.returncode == 0 and "waiting for 1 more worker(s) to join" in res.stdout, res.stderr
+        procs.start(role("worker", e, name))
+
+        def three_balanced():
+            st = status(name, e)
+            return st and sorted(len(w["executors"]) for w in st["workers"]) == [4, 4, 4] and st
+
+        st = wait_for(three_balanced, 30, "a third worker to join and get executors")
+        assert "intruder" not in json.dumps(st) and len(st["workers"]) == 3
+
+        etcd.proc.send_signal(signal.SIGSTOP)  # etcd unreachable for a moment: retried, nothing lost
+        time.sleep(1.0)
+        etcd.proc.send_signal(signal.SIGCONT)
+
+        res = ctl(name, "drain", st["workers"][0]["id"], etcd=e)
+        assert res.returncode == 0 and "released" in res.stdout, res.stderr
+        stdout, stderr = master.communicate(timeout=90)
+        assert master.returncode == 0, stderr
+    check_result(json.loads(stdout), steps=STEPS_LONG)
+    kinds = [ev["kind"] for ev in json.loads(out.read_text())["events"]]
+    assert "scale_out" in kinds and "scale_in" in kinds
+    assert ctl(name, "status", etcd=e).returncode == 2  # the job left the registry
+
+
+@pytest.mark.timeout(120)
+def test_etcd_lost_mid_run_ends_the_job_clearly(etcd):
+    e, name = etcd.endpoint, "cluster-etcd-dies"
+    with Processes() as procs:
+        master = procs.start(master_args(e, name, "--min-workers", "1"))
+        worker = procs.start(role("worker", e, name))
+        server = procs.start(role("server", e, name))
+        wait_for(lambda: (s := status(name, e)) and s["tasks_completed"] > 0, 30, "the job running")
+        etcd.proc.kill()
+        etcd.proc.wait()
+        _, stderr = master.communicate(timeout=60)
+        assert master.returncode == 2, stderr
+        last = stderr.strip().splitlines()[-1]
+        assert last.startswith("litz: error: etcd at") and "unreachable" in last, stderr
+        for proc in (worker, server):  # they end on their own: told to stop, or they lose the registry
+            proc.wait(timeout=30)

@@ -1,0 +1,90 @@
+"""Scale-out, scale-in and drain of running jobs, end to end through real processes and litzctl.
+
+The job is the chains app: causal chains hopping across executors (consistency), concurrent updates to
+shared keys (exact totals), executors counting their tasks (state that must move with them, nothing run
+twice or lost) and checking their input data (re-loaded on scale-in)."""
+import json
+
+import pytest
+
+from tests.helpers import Processes, app_path, run_cli, status, wait_for
+
+CHAINS, STEPS = 24, 150
+
+
+def check_result(result: dict, steps: int = STEPS) -> None:
+    n = CHAINS * steps
+    assert result["violations"] == []
+    assert result["total"] == n and result["tasks_ran"] == n
+    for dtype, shape, total in result["arrays"].values():
+        assert total == n * shape[0] * shape[1], dtype
+
+
+def ctl(name: str, *args: str, etcd: str | None = None):
+    return run_cli(["litzctl", *(["--etcd", etcd] if etcd else []), "--name", name, *args], timeout=120)
+
+
+def counts(st: dict) -> tuple[int, int]:
+    return len(st["workers"]), len(st["servers"])
+
+
+@pytest.mark.timeout(120)
+def test_scale_out_then_in_during_a_job(tmp_path):
+    name, out = "elastic-local", tmp_path / "out.json"
+    with Processes() as procs:
+        job = procs.start(["litz", "run", app_path("chains"), "--name", name, "--executors", "16",
+                           "--config", f"chains={CHAINS}", f"steps={STEPS}", "sleep=0.003",
+                           "--output", str(out), "--no-progress"])
+        wait_for(lambda: status(name), 30, "the job's status")
+        res = ctl(name, "scale", "--workers", "4", "--servers", "3")
+        assert res.returncode == 0, res.stderr
+        assert "starting 2 worker(s)" in res.stdout and "starting 2 server(s)" in res.stdout
+
+        def balanced():
+            st = status(name)
+            return st and (sorted(len(w["executors"]) for w in st["workers"]) == [4, 4, 4, 4]
+                           and sorted(len(s["shards"]) for s in st["servers"]) == [21, 21, 22]) and st
+
+        st = wait_for(balanced, 30, "16 executors spread 4/4/4/4 and 64 shards 21/21/22")
+        assert all(w["pid"] and w["id"] for w in st["workers"])
+        res = ctl(name, "drain", "w0", "s0")  # waits until both have exited
+        assert res.returncode == 0 and "released w0, s0" in res.stdout, res.stderr
+        st = wait_for(lambda: (s := status(name)) and counts(s) == (3, 2) and s, 10, "w0 and s0 gone")
+        assert {w["id"] for w in st["workers"]} == {"w1", "w2", "w3"}
+        res = ctl(name, "scale", "--workers", "2")
+        assert res.returncode == 0 and "released w3" in res.stdout, res.stdout + res.stderr
+        stdout, stderr = job.communicate(timeout=90)
+        assert job.returncode == 0, stderr
+    check_result(json.loads(stdout))
+    events = json.loads(out.read_text())["events"]
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("scale_in") >= 2 and "scale_out" in kinds
+    for e in events:
+        if e["kind"] in ("scale_out", "scale_in"):
+            assert e["end"] >= e["t"] and e["duration_s"] >= 0
+            assert e["executors_moved"] + e["shards_moved"] > 0
+    out_ev = next(e for e in events if e["kind"] == "scale_out" and e["executors_moved"])
+    assert out_ev["bytes"] >= 8000  # scale-out sends input data (1000 float64 per executor) from memory
+
+
+@pytest.mark.timeout(90)
+def test_refusals_and_unknowns():
+    name = "elastic-refusals"
+    with Processes() as procs:
+        job = procs.start(["litz", "run", app_path("chains"), "--name", name, "--workers", "1",
+                           "--config", "chains=4", "steps=4000", "sleep=0.001", "--no-progress"])
+        wait_for(lambda: status(name), 30, "the job's status")
+        for args, message in [
+            (["scale", "--workers", "0"], "cannot scale to 0 workers"),
+            (["drain", "w0"], "would leave no active worker"),
+            (["drain", "s0"], "would leave no active server"),
+            (["drain", "w9"], "unknown process id(s): w9"),
+        ]:
+            res = ctl(name, *args)
+            assert res.returncode == 2 and message in res.stderr, (args, res.stderr)
+            assert len(res.stderr.strip().splitlines()) == 1
+        res = ctl("no-such-job", "status")
+        assert res.returncode == 2 and "no running job named 'no-such-job'" in res.stderr
+        assert ctl(name, "stop").returncode == 0
+        stdout, stderr = job.communicate(timeout=30)
+        assert job.returncode == 0 and json.loads(stdout) is None, stderr
