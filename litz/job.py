@@ -15,7 +15,8 @@ from .joblog import JobLog
 from .master import Master
 from .membership import Membership
 
-JOB_OPTIONS = {"name", "etcd", "shards", "output", "metrics", "progress", "start_timeout", "home"}
+JOB_OPTIONS = {"name", "etcd", "shards", "output", "metrics", "progress", "start_timeout", "home", "checkpoint_dir",
+               "checkpoint_every", "checkpoint_keep", "resume"}
 
 
 def positive_int(value: Any, what: str) -> int:
@@ -42,14 +43,17 @@ def default_name(app: App) -> str:
 def run_job(app: App, membership: Membership, secret: str, *, config: dict | None, executors: int | None,
             min_workers: int, min_servers: int, shards: int = 0, output: str | None = None,
             metrics: str | None = None, progress: bool = False, start_timeout: float = 60.0,
-            supervise: Callable[[], str | None] | None = None, spawn: Callable[[str], Any] | None = None,
+            supervise: Callable[[], list[tuple[str, int, str]]] | None = None,
+            spawn: Callable[[str], Any] | None = None,
             on_registered: Callable[[], None] | None = None, on_exit: Callable[[], None] | None = None,
-            **endpoint: Any) -> Any:
+            checkpoint_dir: str | None = None, checkpoint_every: float | None = None, checkpoint_keep: int = 3,
+            resume: bool = False, **endpoint: Any) -> Any:
     """Run the job to ``finish()`` and return its result; every process is told to stop on every way out."""
     joblog = JobLog(metrics, progress=progress)
     master = Master(app, membership, secret, config=dict(config or {}), num_executors=executors, num_shards=shards,
                     min_workers=min_workers, min_servers=min_servers, joblog=joblog, start_timeout=start_timeout,
-                    supervise=supervise, spawn=spawn, **endpoint)
+                    supervise=supervise, spawn=spawn, checkpoint_dir=checkpoint_dir,
+                    checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume, **endpoint)
     result: Any = None
     try:
         master.register()

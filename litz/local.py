@@ -27,6 +27,7 @@ class LocalProcesses:
         self.name, self.home, self.etcd = name, home, etcd
         self.env = {**os.environ, "LITZ_SECRET": secret, "LITZ_PARENT_PID": str(os.getpid())}
         self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.reported: set[int] = set()
         self.stopping = False
 
     def start(self, role: str) -> subprocess.Popen:
@@ -37,16 +38,18 @@ class LocalProcesses:
         self.procs.append((role, proc))
         return proc
 
-    def check(self) -> str | None:
-        """A one-line problem if a child failed (a drained child exits with 0: that is expected)."""
+    def dead(self) -> list[tuple[str, int, str]]:
+        """Children that failed since the last call, as (role, pid, how); a drained child exits with 0."""
         if self.stopping:
-            return None
+            return []
+        out = []
         for role, proc in self.procs:
             code = proc.poll()
-            if code:
+            if code and proc.pid not in self.reported:
+                self.reported.add(proc.pid)
                 how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-                return f"{role} process {proc.pid} {how}"
-        return None
+                out.append((role, proc.pid, how))
+        return out
 
     def stop(self, grace: float = 3.0) -> None:
         self.stopping = True
@@ -70,7 +73,9 @@ def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = No
 
     Options: ``name``, ``etcd`` (HOST:PORT: register in etcd instead of the local directory), ``shards``,
     ``output`` (result JSON path), ``metrics`` (JSONL path), ``progress`` (default: only when stderr is a
-    terminal), ``start_timeout`` (seconds).
+    terminal), ``start_timeout`` (seconds), ``checkpoint_dir``, ``checkpoint_every`` (seconds),
+    ``checkpoint_keep`` (default 3), ``resume`` (continue from the latest checkpoint in ``checkpoint_dir``).
+    A lost worker or server is replaced and the job recovers from the latest checkpoint.
     """
     positive_int(workers, "workers")
     positive_int(servers, "servers")
@@ -95,5 +100,5 @@ def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = No
                 children.start(role)
 
     return run_job(app, membership, secret, config=config, executors=executors, min_workers=workers,
-                   min_servers=servers, supervise=children.check, spawn=children.start, on_registered=start_children,
+                   min_servers=servers, supervise=children.dead, spawn=children.start, on_registered=start_children,
                    on_exit=children.stop, **options)

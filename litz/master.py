@@ -21,11 +21,13 @@ import numpy as np
 
 from . import protocol as P
 from .appload import App
+from .checkpoint import CheckpointStore
 from .errors import AppError, InputError, LitzError, app_error
 from .joblog import JobLog, check_json
 from .membership import Membership
 from .placement import plan_moves
 from .process import Process
+from .recovery import CorruptCheckpoint, Recovery, warn
 
 MEMBERSHIP_CHECK_S = 0.5
 STATUS_EVERY_S = 1.0
@@ -57,7 +59,9 @@ class Master(Process):
     def __init__(self, app: App, membership: Membership, secret: str, *, config: dict,
                  num_executors: int | None, num_shards: int = 0, min_workers: int = 1, min_servers: int = 1,
                  joblog: JobLog | None = None, start_timeout: float = 60.0,
-                 supervise: Callable[[], str | None] | None = None, spawn: Callable[[str], Any] | None = None,
+                 supervise: Callable[[], list[tuple[str, int, str]]] | None = None,
+                 spawn: Callable[[str], Any] | None = None, checkpoint_dir: str | None = None,
+                 checkpoint_every: float | None = None, checkpoint_keep: int = 3, resume: bool = False,
                  **endpoint: Any):
         super().__init__("master", membership, secret, **endpoint)
         self.app = app
@@ -93,6 +97,12 @@ class Master(Process):
         self.state = "starting"
         self._blob: bytes | None = None
         self._rate_samples: list[tuple[float, int]] = [(time.time(), 0)]
+        self.sent_in_flight = 0  # dispatched tasks handed to workers and not completed
+        self.paused_tasks: list[tuple] = []  # dispatched while a checkpoint holds dispatch
+        self.faults: list[tuple[float, str, int]] = []  # (when, process id, signal) from litzctl kill
+        store = CheckpointStore(checkpoint_dir, checkpoint_keep) if checkpoint_dir else None
+        self.recovery = Recovery(self, store, checkpoint_every)
+        self.resume = resume
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def register(self) -> None:
@@ -101,13 +111,16 @@ class Master(Process):
     def run(self) -> Any:
         """Start the job, drive it to ``finish()``, and return the result."""
         self.wait_for_members()
-        self.place_and_create()
-        self.start_driver()
+        if self.resume:
+            self.resume_job()
+        else:
+            self.place_and_create()
+            self.start_driver()
         last_check = last_status = time.time()
         ep = self.endpoint
         while not self.finished:
             if ep.poll(100):
-                for sender, msg in ep.drain():
+                for sender, msg in self.receive():
                     self.handle(sender, msg)
                     if self.finished:
                         break
@@ -117,6 +130,7 @@ class Master(Process):
                 last_check = now
                 self.check_members()
                 self.take_requests()
+                self.inject_faults()
                 self.after_batch()
             if now - last_status > STATUS_EVERY_S:
                 last_status = now
@@ -131,9 +145,22 @@ class Master(Process):
         if self.map_dirty:
             self.broadcast_map()
         self.check_retirements()
+        self.recovery.tick()
         self.flush_outbox()
         if self.started:
             self.check_progress()
+
+    def receive(self):
+        """Messages of the current epoch (and any HELLO: a new process starts at epoch 0)."""
+        for sender, (epoch, msg) in self.endpoint.drain():
+            if epoch >= self.epoch or msg[0] == P.HELLO:
+                yield sender, msg
+
+    def pump(self, timeout_s: float) -> None:
+        """Handle whatever arrives within ``timeout_s`` (used while waiting for something specific)."""
+        if self.endpoint.poll(timeout_s * 1000):
+            for sender, msg in self.receive():
+                self.handle(sender, msg)
 
     def stop_all(self) -> None:
         """Tell every worker and server to exit (best effort: some may already be gone)."""
@@ -143,14 +170,13 @@ class Master(Process):
             except Exception:
                 pass
 
-    def _pump(self, until: Callable[[], bool], what: str) -> None:
+    def _pump(self, until: Callable[[], bool], what: Callable[[], str]) -> None:
         deadline = time.time() + self.start_timeout
-        ep = self.endpoint
         while not until():
-            if ep.poll(100):
-                for sender, msg in ep.drain():
-                    self.handle(sender, msg)
-            self._supervise()
+            self.pump(0.1)
+            dead = self.supervise() if self.supervise else []
+            if dead:
+                raise LitzError("; ".join(f"{role} process {pid} {how}" for role, pid, how in dead))
             if time.time() > deadline:
                 raise LitzError(what())
 
@@ -160,7 +186,7 @@ class Master(Process):
                            f"{len(self.servers)} of {self.min_servers} servers joined within "
                            f"{self.start_timeout:.0f} s")
 
-    def place_and_create(self) -> None:
+    def place_and_create(self, create: bool = True) -> None:
         workers, servers = sorted(self.workers), sorted(self.servers)
         self.num_executors = self.requested_executors or 4 * len(workers)
         num_shards = self.requested_shards or max(64, 8 * len(servers))
@@ -173,7 +199,7 @@ class Master(Process):
             self.send(s, self.map_message())
         self._blob = self.app.executor_blob()
         for ident in workers:
-            self.join_worker(ident, [e for e in range(n) if self.executor_owner[e] == ident])
+            self.join_worker(ident, [e for e in range(n) if self.executor_owner[e] == ident] if create else [])
         self._pump(lambda: all(m.ready for m in self.workers.values()),
                    lambda: f"executors were not ready within {self.start_timeout:.0f} s")
 
@@ -206,6 +232,55 @@ class Master(Process):
         self.flush_outbox()
         self.check_progress()
 
+    def resume_job(self) -> None:
+        """Continue a job from the latest complete checkpoint in --checkpoint-dir (--resume)."""
+        checkpoints = self.recovery.usable()
+        if not checkpoints:
+            where = self.recovery.store.root if self.recovery.store else "(no --checkpoint-dir given)"
+            raise LitzError(f"--resume: no complete checkpoint in {where}")
+        self.requested_executors = checkpoints[0].manifest["num_executors"]
+        self.requested_shards = checkpoints[0].manifest["num_shards"]
+        self.place_and_create(create=False)
+        t0 = time.time()
+        while True:
+            try:
+                self.recovery.restore(checkpoints[0])
+                break
+            except CorruptCheckpoint as exc:
+                warn(f"checkpoint {checkpoints[0].path} cannot be restored ({exc}); trying the previous one")
+                checkpoints = checkpoints[1:]
+                if not checkpoints:
+                    raise LitzError(f"--resume: no checkpoint could be restored: {exc}") from None
+        self.joblog.event("resume", checkpoint=checkpoints[0].path, seq=checkpoints[0].seq,
+                          duration_s=round(time.time() - t0, 4), tasks_completed=self.tasks_completed)
+        self.flush_outbox()
+
+    def reset_for_restore(self, num_executors: int, num_shards: int) -> None:
+        """Forget every task, move and hold of the previous epoch (the processes forget theirs)."""
+        self.num_executors = num_executors
+        self.moving_executors.clear()
+        self.moving_shards.clear()
+        self.held.clear()
+        self.paused_tasks.clear()
+        self.outbox.clear()
+        self.operation = None
+        self.map_dirty = False
+        self.in_flight = self.sent_in_flight = 0
+        self.started = False
+        for member in (*self.workers.values(), *self.servers.values()):
+            member.retire_sent = False
+
+    def restore_driver(self, state: dict) -> None:
+        driver = state["driver"]
+        driver.config, driver.num_executors, driver._litz = self.config, self.num_executors, self
+        self.driver = driver
+        self.version = max(self.version, state["version"]) + 1
+        self.tasks_completed = state["tasks_completed"]
+        self.started = True
+        self.state = "running"
+        for eid, args in state["held"]:
+            self.dispatch_task(eid, args)
+
     # -- messages ------------------------------------------------------------------------------------
     def handle(self, sender: str, msg: tuple) -> None:
         tag = msg[0]
@@ -221,13 +296,23 @@ class Master(Process):
             self.on_shard_moved(sender, msg[1], msg[2])
         elif tag == P.RETIRED:
             self.on_retired(sender)
+        elif tag == P.CHECKPOINTED:
+            self.recovery.on_part(sender, msg[1], None)
+        elif tag == P.CHECKPOINT_FAILED:
+            self.recovery.on_part(sender, None, msg[1])
+        elif tag == P.RESTORED:
+            self.recovery.on_restored(sender, None)
+        elif tag == P.RESTORE_FAILED:
+            self.recovery.on_restored(sender, msg[1])
         elif tag == P.FAIL:
             raise app_error(msg[1], msg[2])
         elif tag == P.HELLO:
             self.on_hello(sender, msg[1], msg[2])
         elif tag == P.READY:
+            if sender not in self.workers:
+                return
             self.workers[sender].ready = True
-            if self.started:
+            if self.started and not self.recovery.paused:
                 self.rebalance("scale_out", [sender])
 
     def on_hello(self, ident: str, role: str, info: dict) -> None:
@@ -241,7 +326,8 @@ class Master(Process):
         else:
             self.last_owned[ident] = self.map_version
             self.send(ident, self.map_message())
-            self.rebalance("scale_out", [ident])
+            if not self.recovery.paused:
+                self.rebalance("scale_out", [ident])
 
     def on_done(self, results: list) -> None:
         driver = self.driver
@@ -249,6 +335,7 @@ class Master(Process):
             if self.finished:
                 return
             self.in_flight -= 1
+            self.sent_in_flight -= 1
             self.tasks_completed += 1
             self.version += 1
             try:
@@ -273,14 +360,32 @@ class Master(Process):
         if not isinstance(executor, (int, np.integer)) or not 0 <= executor < self.num_executors:
             raise ValueError(f"dispatch_task: executor must be an int in [0, {self.num_executors}), "
                              f"got {executor!r}")
-        executor = int(executor)
-        task = (self.next_tid, executor, self.version, args)
-        if executor in self.moving_executors:
-            self.held[executor].append(task)  # follows the executor once it has arrived
-        else:
-            self.outbox[self.executor_owner[executor]].append(task)
+        task = (self.next_tid, int(executor), self.version, args)
         self.next_tid += 1
         self.in_flight += 1
+        if self.recovery.paused:
+            self.paused_tasks.append(task)  # a checkpoint is being taken: part of it, sent after it
+        else:
+            self.route(task)
+
+    def route(self, task: tuple) -> None:
+        eid = task[1]
+        if eid in self.moving_executors:
+            self.held[eid].append(task)  # follows the executor once it has arrived
+        else:
+            self.outbox[self.executor_owner[eid]].append(task)
+            self.sent_in_flight += 1
+
+    def release_paused(self) -> None:
+        tasks, self.paused_tasks = self.paused_tasks, []
+        for task in tasks:
+            self.route(task)
+        self.flush_outbox()
+
+    def quiet(self) -> bool:
+        """No dispatched task unfinished and nothing moving: the state is a consistent cut."""
+        return (self.sent_in_flight == 0 and not self.moving_executors and not self.moving_shards
+                and not self.map_dirty)
 
     def report(self, metrics: dict, t: float) -> None:
         self.joblog.report(metrics, t, len(self.workers), len(self.servers))
@@ -292,7 +397,7 @@ class Master(Process):
     # -- elasticity ----------------------------------------------------------------------------------
     def rebalance(self, kind: str, processes: list[str]) -> None:
         """Plan and start the moves that spread executors and shards over the active processes."""
-        if not self.started:
+        if not self.started or self.recovery.in_progress is not None:
             return
         workers = sorted(m.ident for m in self.workers.values() if m.state == "active" and m.ready)
         servers = sorted(m.ident for m in self.servers.values() if m.state == "active")
@@ -316,9 +421,8 @@ class Master(Process):
     def on_executor_moved(self, dest: str, eid: int, nbytes: int) -> None:
         self.moving_executors.pop(eid, None)
         self.executor_owner[eid] = dest
-        held = self.held.pop(eid, None)
-        if held:
-            self.outbox[dest].extend(held)
+        for task in self.held.pop(eid, ()):
+            self.route(task)
         if self.operation:
             self.operation.bytes += nbytes
             self.operation.executors_moved += 1
@@ -421,25 +525,44 @@ class Master(Process):
         return "; ".join(said) or "nothing to do"
 
     # -- membership, requests, status ----------------------------------------------------------------
-    def _supervise(self) -> None:
-        if self.supervise is not None:
-            problem = self.supervise()
-            if problem:
-                raise LitzError(problem)
-
-    def check_members(self) -> None:
-        self._supervise()
+    def find_lost(self) -> list[Member]:
+        """Members that died: a local child that exited badly, or a lapsed registry lease."""
+        lost: dict[str, Member] = {}
+        members = {**self.workers, **self.servers}
+        for role, pid, how in (self.supervise() if self.supervise else []):
+            match = [m for m in members.values() if m.info.get("pid") == pid]
+            if not match:
+                if not self.started and not self.executor_owner:
+                    raise LitzError(f"{role} process {pid} {how} during start-up")
+                continue
+            lost[match[0].ident] = match[0]
         alive = self.membership.members()
-        for members in (self.workers, self.servers):
-            for ident in list(members):
-                m = members[ident]
-                if ident in alive:
-                    continue
+        for ident, m in members.items():
+            if ident not in alive and ident not in lost:
                 if m.retire_sent:  # its RETIRED message may still be on its way
                     self.on_retired(ident)
-                    continue
-                raise LitzError(f"{m.role} {ident} (pid {m.info.get('pid')} on {m.info.get('host')}) was lost "
-                                "and there is no checkpoint to recover from")
+                else:
+                    lost[ident] = m
+        return list(lost.values())
+
+    def forget(self, ident: str) -> None:
+        self.workers.pop(ident, None)
+        self.servers.pop(ident, None)
+        self.endpoint.disconnect(ident)
+
+    def check_members(self) -> None:
+        lost = self.find_lost()
+        if lost:
+            why = ", ".join(f"{m.role} {m.ident} (pid {m.info.get('pid')} on {m.info.get('host')})" for m in lost)
+            self.recovery.recover(lost, f"{why} was lost")
+            self.flush_outbox()
+
+    def inject_faults(self) -> None:
+        now = time.time()
+        for fault in [f for f in self.faults if f[0] <= now]:
+            self.faults.remove(fault)
+            if fault[1] in self.workers or fault[1] in self.servers:
+                self.send(fault[1], (P.DIE, fault[2]))
 
     def take_requests(self) -> None:
         for rid, req in self.membership.take_requests():
@@ -454,6 +577,16 @@ class Master(Process):
                     message = self.drain(list(args.get("ids", [])))
                 elif command == "scale":
                     message = self.scale(args.get("workers"), args.get("servers"))
+                elif command == "checkpoint":
+                    message = self.recovery.request()
+                elif command == "kill":
+                    ident = args.get("id")
+                    if ident not in self.workers and ident not in self.servers:
+                        raise LitzError(f"unknown process id: {ident} (see litzctl status)")
+                    self.faults.append((time.time() + float(args.get("after") or 0), ident,
+                                        int(args.get("signal") or 9)))
+                    message = f"{ident} will be killed (signal {int(args.get('signal') or 9)}) in " \
+                              f"{float(args.get('after') or 0):g} s"
                 else:
                     raise LitzError(f"this Litz version does not support {command!r} yet")
                 leaving = [m.ident for m in (*self.workers.values(), *self.servers.values()) if m.state == "draining"]
@@ -481,7 +614,8 @@ class Master(Process):
             "name": self.membership.job, "app": self.app.name, "state": self.state,
             "version": self.version, "tasks_completed": self.tasks_completed,
             "tasks_per_s": round(self.rate(), 1), "elapsed_s": round(self.joblog.elapsed(), 3),
-            "executors": self.num_executors, "shards": len(self.shard_owner),
+            "executors": self.num_executors, "shards": len(self.shard_owner), "epoch": self.epoch,
+            "checkpoints": len([e for e in self.joblog.events if e["kind"] == "checkpoint"]),
             "moving": {"executors": len(self.moving_executors), "shards": len(self.moving_shards)},
             "report": self.joblog.last_report,
             "workers": [{"id": m.ident, "pid": m.info.get("pid"), "host": m.info.get("host"), "state": m.state,

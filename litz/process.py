@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from .errors import LitzError
@@ -34,12 +35,22 @@ def die_with_parent() -> None:
 
 
 class Process:
+    """Base of master, worker and server.
+
+    Every message carries the sender's *epoch*, the number of recoveries it has seen. The master's
+    messages set a process's epoch (its channel is ordered, so the first one of a new epoch is the restore
+    order); a message from a peer of an older epoch predates the last recovery and is dropped, so nothing
+    from before a recovery is ever applied after it.
+    """
+
     def __init__(self, ident: str, membership: Membership, secret: str, host: str = "127.0.0.1",
                  port: int = 0, bind_host: str | None = None):
         self.ident = ident
         self.membership = membership
         self.endpoint = Endpoint(ident, secret, host=host, port=port, bind_host=bind_host)
         self.pid = os.getpid()
+        self.epoch = 0
+        self._future: list[tuple[str, int, Any]] = []
 
     def send(self, peer: str, msg: Any, pickler: Any = None) -> int:
         ep = self.endpoint
@@ -48,7 +59,30 @@ class Process:
             if info is None:
                 raise LitzError(f"{self.ident}: unknown peer {peer}")
             ep.connect(peer, info["address"])
-        return ep.send(peer, msg, pickler)
+        return ep.send(peer, (self.epoch, msg), pickler)
+
+    def receive(self) -> Iterator[tuple[str, Any]]:
+        """Messages received so far that belong to this process's epoch."""
+        for sender, (epoch, msg) in self.endpoint.drain():
+            if sender == "master":
+                if epoch > self.epoch:
+                    self.epoch = epoch
+                    yield sender, msg
+                    yield from self._replay()
+                    continue
+                yield sender, msg
+            elif epoch == self.epoch:
+                yield sender, msg
+            elif epoch > self.epoch:
+                self._future.append((sender, epoch, msg))
+
+    def _replay(self) -> Iterator[tuple[str, Any]]:
+        future, self._future = self._future, []
+        for sender, epoch, msg in future:
+            if epoch == self.epoch:
+                yield sender, msg
+            elif epoch > self.epoch:
+                self._future.append((sender, epoch, msg))
 
     def await_welcome(self, timeout: float) -> None:
         """Handle nothing until the master's first message: none means it cannot hear us (wrong secret?)."""

@@ -27,3 +27,13 @@ FWD_UPDATES = "fwd_updates"      # server -> server: (FWD_UPDATES, origin_worker
 FENCE = "fence"                  # worker -> server that lost all its shards: (FENCE, map_version)
 RETIRE = "retire"                # master -> worker/server: (RETIRE, [worker ids whose fences to await])
 RETIRED = "retired"              # worker/server -> master: (RETIRED,) just before it exits
+
+# checkpoints and recovery
+CHECKPOINT = "checkpoint"                # master -> worker/server: (CHECKPOINT, tmp_dir)
+CHECKPOINTED = "checkpointed"            # -> master: (CHECKPOINTED, {part: {bytes, sha256}})
+CHECKPOINT_FAILED = "checkpoint_failed"  # -> master: (CHECKPOINT_FAILED, reason)
+RESTORE = "restore"                      # master -> server: (RESTORE, path, {shard: meta})
+                                         # master -> worker: (RESTORE, path, {eid: meta}, shard_map_message)
+RESTORED = "restored"                    # -> master: (RESTORED,)
+RESTORE_FAILED = "restore_failed"        # -> master: (RESTORE_FAILED, reason) e.g. a corrupted part
+DIE = "die"                              # master -> worker/server: (DIE, signal) fault injection for tests

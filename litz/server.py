@@ -12,6 +12,7 @@ completes however many hops its items took.
 """
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from collections import defaultdict
@@ -22,6 +23,8 @@ import numpy as np
 
 from . import protocol as P
 from .cache import add_into
+from .checkpoint import read_part, shard_part, write_part
+from .errors import LitzError
 from .process import Process, resident_bytes
 
 
@@ -44,7 +47,7 @@ class Server(Process):
         last_check = time.time()
         while self.running:
             if ep.poll(200):
-                for sender, msg in ep.drain():
+                for sender, msg in self.receive():
                     self.handle(sender, msg)
             now = time.time()
             if now - last_check > 1.0:
@@ -81,6 +84,12 @@ class Server(Process):
         elif tag == P.RETIRE:
             self.retire_waiting = set(msg[1])
             self.maybe_retire()
+        elif tag == P.CHECKPOINT:
+            self.checkpoint(msg[1])
+        elif tag == P.RESTORE:
+            self.restore(msg[1], msg[2])
+        elif tag == P.DIE:
+            os.kill(os.getpid(), msg[1])
         elif tag == P.STOP:
             self.running = False
         else:
@@ -155,6 +164,31 @@ class Server(Process):
             self.update(shard, key, value)
         nbytes = sum(v.nbytes if isinstance(v, np.ndarray) else 8 for v in table.values())
         self.send("master", (P.SHARD_MOVED, shard, nbytes))
+
+    # -- checkpoints and recovery --------------------------------------------------------------------
+    def checkpoint(self, root: str) -> None:
+        """Write every shard held here; the master sends this only when no update is in flight."""
+        try:
+            parts = {}
+            for shard, table in self.shards.items():
+                rel = shard_part(shard)
+                parts[rel] = write_part(root, rel, table)
+        except Exception as exc:
+            self.send("master", (P.CHECKPOINT_FAILED, f"server {self.ident}: {exc}"))
+            return
+        self.send("master", (P.CHECKPOINTED, parts))
+
+    def restore(self, root: str, parts: dict[int, dict]) -> None:
+        self.shards, self.forward, self.exported = {}, {}, set()
+        self.retire_waiting, self.fences = None, set()
+        try:
+            for shard, meta in parts.items():
+                self.shards[shard] = read_part(root, shard_part(shard), meta)
+        except LitzError as exc:
+            self.shards = {}
+            self.send("master", (P.RESTORE_FAILED, str(exc)))
+            return
+        self.send("master", (P.RESTORED,))
 
     def maybe_retire(self) -> None:
         """Exit once every worker promised (by a fence behind its last request) to send nothing more."""

@@ -7,6 +7,7 @@ that holds their updates has been flushed to the servers and acknowledged (thesi
 """
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict, deque
 from collections.abc import Hashable, Iterable
@@ -19,6 +20,7 @@ from . import protocol as P
 from . import wire
 from .api import Executor
 from .cache import MISS, ParamCache, UpdateLog
+from .checkpoint import executor_part, read_part, write_part
 from .errors import LitzError, describe_app_exception
 from .keys import ShardMap
 from .process import Process, resident_bytes
@@ -27,10 +29,10 @@ RUN_SLICE_S = 0.02  # longest stretch of task execution between two looks at the
 
 
 class Task:
-    __slots__ = ("tid", "eid", "version", "args", "glet", "result", "signalled", "values", "missing")
+    __slots__ = ("tid", "eid", "version", "args", "glet", "result", "signalled", "values", "missing", "gen")
 
-    def __init__(self, tid: int, eid: int, version: int, args: Any):
-        self.tid, self.eid, self.version, self.args = tid, eid, version, args
+    def __init__(self, tid: int, eid: int, version: int, args: Any, gen: int = 0):
+        self.tid, self.eid, self.version, self.args, self.gen = tid, eid, version, args, gen
         self.glet = None
         self.result = None
         self.signalled = False
@@ -70,6 +72,7 @@ class Worker(Process):
         self.moving: dict[int, tuple[str, bool, list]] = {}  # eid -> (dest, with_input, buffered tasks)
         self.retiring = False
         self.map_version = -1
+        self.gen = 0  # bumped by a restore: tasks of an older generation are gone
         self.next_rid = 0
         self.next_fid = 0
         self.running = True
@@ -83,7 +86,7 @@ class Worker(Process):
         last_check = time.time()
         while self.running:
             if ep.poll(0 if self.runnable else 100):
-                for sender, msg in ep.drain():
+                for sender, msg in self.receive():
                     self.handle(sender, msg)
                     if not self.running:
                         return
@@ -108,8 +111,9 @@ class Worker(Process):
     def handle(self, sender: str, msg: tuple) -> None:
         tag = msg[0]
         if tag == P.TASKS:
+            gen = self.gen
             for tid, eid, version, args in msg[1]:
-                self.runnable.append(Task(tid, eid, version, args))
+                self.runnable.append(Task(tid, eid, version, args, gen))
         elif tag == P.VALUES:
             self.on_values(msg[1])
         elif tag == P.ACK:
@@ -127,6 +131,12 @@ class Worker(Process):
             self.receive_executor(msg[1], msg[2], msg[3], msg[4])
         elif tag == P.RETIRE:
             self.retiring = True
+        elif tag == P.CHECKPOINT:
+            self.checkpoint(msg[1])
+        elif tag == P.RESTORE:
+            self.restore(msg[1], msg[2], msg[3])
+        elif tag == P.DIE:
+            os.kill(os.getpid(), msg[1])
         elif tag == P.STOP:
             self.running = False
         else:
@@ -203,8 +213,62 @@ class Worker(Process):
             return
         self.executors[eid] = ex
         for tid, _, version, args in buffered:
-            self.runnable.append(Task(tid, eid, version, args))
+            self.runnable.append(Task(tid, eid, version, args, self.gen))
         self.send("master", (P.MOVED, eid, wire.size_of(state)))
+
+    # -- checkpoints and recovery --------------------------------------------------------------------
+    def checkpoint(self, root: str) -> None:
+        """Write every executor (without input data); the master sends this only when no task is running."""
+        try:
+            parts = {}
+            for eid, ex in self.executors.items():
+                rel = executor_part(eid)
+                parts[rel] = write_part(root, rel, executor_state(ex, with_input=False))
+        except Exception as exc:
+            self.send("master", (P.CHECKPOINT_FAILED, f"worker {self.ident}: {exc}"))
+            return
+        self.send("master", (P.CHECKPOINTED, parts))
+
+    def reset(self) -> None:
+        """Forget everything of the previous epoch: executors, tasks, cache, update log, moves."""
+        self.gen += 1
+        self.executors.clear()
+        self.runnable.clear()
+        self.cache = ParamCache()
+        self.log = UpdateLog()
+        self.fetches.clear()
+        self.fetch_by_key.clear()
+        self.out_gets.clear()
+        self.completed.clear()
+        self.flushing = None
+        self.started.clear()
+        self.moving.clear()
+        self.retiring = False
+
+    def restore(self, root: str, parts: dict[int, dict], shard_map: tuple) -> None:
+        self.reset()
+        self.map_version = -1
+        self.shardmap = None
+        self.on_shard_map(shard_map[1], list(shard_map[2]), shard_map[3])
+        try:
+            for eid, meta in parts.items():
+                state = read_part(root, executor_part(eid), meta)
+                ex = self._bind(eid)
+                if hasattr(ex, "__setstate__"):
+                    ex.__setstate__(state)
+                else:
+                    ex.__dict__.update(state)
+                self.executors[eid] = ex
+        except LitzError as exc:
+            self.send("master", (P.RESTORE_FAILED, str(exc)))
+            return
+        for eid, ex in self.executors.items():
+            try:
+                ex.load_input()
+            except Exception as exc:
+                self.fail(*describe_app_exception(f"executor {eid} load_input", exc))
+                return
+        self.send("master", (P.RESTORED,))
 
     def can_retire(self) -> bool:
         return (not self.executors and not self.moving and not self.runnable and not self.completed
@@ -234,7 +298,8 @@ class Worker(Process):
             self.fail(*describe_app_exception(f"executor {task.eid} run_task", exc))
             return
         finally:
-            self.started[task.eid] -= 1
+            if task.gen == self.gen:  # a task dropped by a restore ends (GreenletExit) after it
+                self.started[task.eid] -= 1
         self.tasks_run += 1
         self.completed.append((task.tid, task.result if task.signalled else result))
 

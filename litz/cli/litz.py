@@ -38,6 +38,11 @@ def _job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", metavar="RESULT.json", help="write result, timings and events as JSON")
     p.add_argument("--metrics", metavar="METRICS.jsonl", help="append one JSON line per driver report()")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    p.add_argument("--checkpoint-dir", metavar="DIR", help="where consistent checkpoints go (shared storage in a "
+                   "cluster); with it, a lost worker or server is recovered from the latest one")
+    p.add_argument("--checkpoint-every", type=float, metavar="SECONDS", help="take a checkpoint this often")
+    p.add_argument("--checkpoint-keep", type=_positive, default=3, metavar="K", help="keep the last K (default 3)")
+    p.add_argument("--resume", metavar="DIR", help="continue the job from the latest complete checkpoint in DIR")
 
 
 def _role_options(p: argparse.ArgumentParser, local_home: bool = False) -> None:
@@ -78,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def checkpoint_options(args: argparse.Namespace) -> dict:
+    """--resume DIR continues from DIR and keeps checkpointing there unless --checkpoint-dir says otherwise."""
+    return {"checkpoint_dir": args.checkpoint_dir or args.resume, "checkpoint_every": args.checkpoint_every,
+            "checkpoint_keep": args.checkpoint_keep, "resume": bool(args.resume)}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
@@ -86,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             import litz
 
             opts = {"output": args.output, "metrics": args.metrics, "progress": not args.no_progress,
-                    "shards": args.shards}
+                    "shards": args.shards, **checkpoint_options(args)}
             if args.name:
                 opts["name"] = args.name
             if args.etcd:
@@ -102,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
                                 host=args.host, bind_host=args.bind, executors=args.executors,
                                 config=parse_config(args.config), shards=args.shards or 0, output=args.output,
                                 metrics=args.metrics, progress=not args.no_progress, min_workers=args.min_workers,
-                                min_servers=args.min_servers, start_timeout=args.start_timeout)
+                                min_servers=args.min_servers, start_timeout=args.start_timeout,
+                                **checkpoint_options(args))
             print(json.dumps(result))
             return 0
         from ..roles import serve

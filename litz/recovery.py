@@ -1,0 +1,264 @@
+"""Consistent checkpoints and automatic recovery, as the master runs them (thesis §4.4).
+
+Checkpoint: hold new dispatches, wait until no dispatched task is unfinished and nothing is moving.
+Then every completed task's updates are acknowledged on the servers, executors and the driver reflect
+exactly those tasks, and the held tasks are the buffered ones. Each worker and server writes its own parts,
+the master writes the driver and the manifest last and renames the checkpoint into place.
+
+Recovery: the epoch goes up (older messages are dropped everywhere), servers load the shards, then
+workers load the executors and re-load their input, then the driver is restored and its buffered tasks are
+dispatched again. A corrupted checkpoint is skipped for the previous one; a failure during recovery
+starts it over.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from . import protocol as P
+from .checkpoint import Checkpoint, CheckpointStore, executor_part, shard_part
+from .errors import LitzError
+
+if TYPE_CHECKING:
+    from .master import Master, Member
+
+DRIVER_PART = "driver.pkl"
+REPLACEMENT_WAIT_S = 15.0
+
+
+class RestartRecovery(Exception):
+    """Another process was lost while recovering: start over with the processes left."""
+
+
+def warn(text: str) -> None:
+    sys.stderr.write(f"litz: warning: {text}\n")
+    sys.stderr.flush()
+
+
+class Recovery:
+    def __init__(self, master: Master, store: CheckpointStore | None, every: float | None = None):
+        self.master = master
+        self.store = store
+        self.every = every
+        self.next_due = time.time() + every if every else None
+        self.requested = False
+        self.in_progress: dict | None = None  # seq, tmp, parts, waiting, pause_t0
+        self.pause_t0: float | None = None
+        self.restoring: dict | None = None  # waiting set, failure
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+    @property
+    def paused(self) -> bool:
+        return self.pause_t0 is not None
+
+    def request(self) -> str:
+        if self.store is None:
+            raise LitzError("this job has no --checkpoint-dir")
+        self.requested = True
+        return "checkpoint requested"
+
+    def tick(self) -> None:
+        """Called after every batch of messages: start, advance or finish a checkpoint."""
+        m = self.master
+        if self.store is None or not m.started or m.finished:
+            return
+        if self.next_due is not None and time.time() >= self.next_due and not self.paused:
+            self.requested = True
+        if self.requested and not self.paused:
+            self.requested = False
+            self.pause_t0 = time.time()  # from here on, dispatches are held
+        if self.paused and self.in_progress is None and m.quiet():
+            self.snapshot()
+
+    def snapshot(self) -> None:
+        m = self.master
+        try:
+            seq, tmp = self.store.begin()
+        except OSError as exc:
+            self.failed(f"cannot create a checkpoint directory: {exc}")
+            return
+        members = [*m.workers, *m.servers]
+        self.in_progress = {"seq": seq, "tmp": tmp, "parts": {}, "waiting": set(members), "error": None}
+        for ident in members:
+            m.send(ident, (P.CHECKPOINT, tmp))
+
+    def on_part(self, sender: str, parts: dict | None, error: str | None) -> None:
+        cp = self.in_progress
+        if cp is None or sender not in cp["waiting"]:
+            return
+        cp["waiting"].discard(sender)
+        if error:
+            cp["error"] = error
+        else:
+            cp["parts"].update(parts)
+        if not cp["waiting"]:
+            self.finish_snapshot()
+
+    def finish_snapshot(self) -> None:
+        m, cp = self.master, self.in_progress
+        self.in_progress = None
+        if cp["error"]:
+            self.store.abort(cp["tmp"])
+            self.failed(cp["error"])
+            return
+        from .checkpoint import write_part
+
+        try:
+            parts = dict(cp["parts"])
+            parts[DRIVER_PART] = write_part(cp["tmp"], DRIVER_PART, {
+                "driver": m.driver, "held": [(eid, args) for _, eid, _, args in m.paused_tasks],
+                "version": m.version, "tasks_completed": m.tasks_completed})
+            manifest = {"app": m.app.name, "job": m.membership.job, "num_executors": m.num_executors,
+                        "num_shards": len(m.shard_owner), "version": m.version,
+                        "tasks_completed": m.tasks_completed, "files": parts}
+            path = self.store.commit(cp["seq"], cp["tmp"], manifest)
+        except Exception as exc:
+            self.store.abort(cp["tmp"])
+            self.failed(f"writing the checkpoint failed: {exc}")
+            return
+        pause = time.time() - self.pause_t0
+        m.joblog.event("checkpoint", path=path, seq=cp["seq"], pause_s=round(pause, 4),
+                       bytes=sum(p["bytes"] for p in parts.values()), tasks_completed=m.tasks_completed)
+        self.resume()
+
+    def failed(self, reason: str) -> None:
+        warn(f"checkpoint failed, the previous one stays in use: {reason}")
+        self.master.joblog.event("checkpoint_failed", reason=reason)
+        self.resume()
+
+    def resume(self) -> None:
+        self.pause_t0 = None
+        if self.every:
+            self.next_due = time.time() + self.every
+        self.master.release_paused()
+
+    def abort_in_progress(self) -> None:
+        if self.in_progress is not None:
+            self.store.abort(self.in_progress["tmp"])
+            self.in_progress = None
+        self.pause_t0 = None
+
+    # -- recovery ------------------------------------------------------------------------------------
+    def usable(self) -> list[Checkpoint]:
+        if self.store is None:
+            return []
+        for path, reason in self.store.skipped():
+            warn(f"skipping checkpoint {path}: {reason}")
+        return self.store.complete()
+
+    def recover(self, lost: list[Member], why: str) -> None:
+        """Restore the latest good checkpoint onto the processes still alive (plus replacements)."""
+        m = self.master
+        t0 = time.time()
+        checkpoints = self.usable()
+        if not checkpoints:
+            raise LitzError(f"{why} and there is no checkpoint to recover from"
+                            + ("" if self.store else " (run with --checkpoint-dir)"))
+        self.abort_in_progress()
+        for member in lost:
+            m.forget(member.ident)
+            if m.spawn is not None:
+                m.spawn(member.role)
+        lost_ids = [x.ident for x in lost]
+        attempts = 0
+        while True:
+            attempts += 1
+            if attempts > 20:
+                raise LitzError("recovery keeps failing: giving up")
+            ckpt = checkpoints[0]
+            try:
+                self.restore(ckpt, wait_for=len(lost) if m.spawn is not None else 0)
+                break
+            except RestartRecovery as exc:
+                warn(f"{exc}; recovery starts over")
+                lost_ids.append(str(exc))
+                checkpoints = self.usable() or checkpoints
+            except CorruptCheckpoint as exc:
+                warn(f"checkpoint {ckpt.path} cannot be restored ({exc}); trying the previous one")
+                checkpoints = checkpoints[1:]
+                if not checkpoints:
+                    raise LitzError(f"{why}, and no checkpoint could be restored: {exc}") from None
+        m.joblog.event("recovery", checkpoint=ckpt.path, seq=ckpt.seq, lost=lost_ids,
+                       duration_s=round(time.time() - t0, 4), tasks_completed=m.tasks_completed)
+
+    def restore(self, ckpt: Checkpoint, wait_for: int = 0) -> None:
+        m = self.master
+        manifest = ckpt.manifest
+        if manifest.get("app") != m.app.name:
+            raise LitzError(f"checkpoint {ckpt.path} belongs to app {manifest.get('app')!r}, not {m.app.name!r}")
+        if m.num_executors and manifest["num_executors"] != m.num_executors:
+            raise LitzError(f"checkpoint {ckpt.path} has {manifest['num_executors']} executors, "
+                            f"this job {m.num_executors}")
+        m.epoch += 1
+        m.reset_for_restore(manifest["num_executors"], manifest["num_shards"])
+        self.await_members(wait_for)
+        files = manifest["files"]
+        servers = sorted(i for i, s in m.servers.items() if s.state == "active") or sorted(m.servers)
+        workers = sorted(i for i, w in m.workers.items() if w.state == "active" and w.ready) or sorted(
+            i for i, w in m.workers.items() if w.ready)
+        if not servers or not workers:
+            raise LitzError("no live worker or server left to recover onto")
+        n_shards, n_exec = manifest["num_shards"], manifest["num_executors"]
+        m.shard_owner = [servers[s % len(servers)] for s in range(n_shards)]
+        m.executor_owner = [workers[e * len(workers) // n_exec] for e in range(n_exec)]
+        m.map_version += 1
+        for s in m.servers:  # a server left without shards was never an owner in this map: no fences
+            m.last_owned[s] = m.map_version if s in m.shard_owner else -1
+        self.restoring = {"waiting": set(m.servers), "error": None}
+        for ident in m.servers:
+            mine = {s: files[shard_part(s)] for s in range(n_shards) if m.shard_owner[s] == ident}
+            m.send(ident, (P.RESTORE, ckpt.path, mine))
+        self.await_restored()
+        self.restoring = {"waiting": set(m.workers), "error": None}
+        for ident in m.workers:
+            m.workers[ident].first_map = m.map_version
+            mine = {e: files[executor_part(e)] for e in range(n_exec) if m.executor_owner[e] == ident}
+            m.send(ident, (P.RESTORE, ckpt.path, mine, m.map_message()))
+        self.await_restored()
+        self.restoring = None
+        try:
+            state = ckpt.part(DRIVER_PART)
+        except LitzError as exc:
+            raise CorruptCheckpoint(str(exc)) from None
+        m.restore_driver(state)
+
+    def await_members(self, count: int) -> None:
+        """Give replacement processes (local launcher, Kubernetes) a moment to join before placing."""
+        m = self.master
+        target = len(m.workers) + len(m.servers) + count
+        deadline = time.time() + (REPLACEMENT_WAIT_S if count else 0)
+        while len(m.workers) + len(m.servers) < target or any(not w.ready for w in m.workers.values()):
+            if time.time() > deadline:
+                break
+            m.pump(0.05)
+            self.check_lost()
+
+    def await_restored(self) -> None:
+        m = self.master
+        while self.restoring["waiting"]:
+            m.pump(0.1)
+            self.check_lost()
+            if self.restoring["error"]:
+                raise CorruptCheckpoint(self.restoring["error"])
+
+    def check_lost(self) -> None:
+        lost = self.master.find_lost()
+        if lost:
+            for member in lost:
+                self.master.forget(member.ident)
+                if self.master.spawn is not None:
+                    self.master.spawn(member.role)
+            raise RestartRecovery(", ".join(f"{x.role} {x.ident}" for x in lost) + " was lost during recovery")
+
+    def on_restored(self, sender: str, error: str | None) -> None:
+        if self.restoring is None:
+            return
+        self.restoring["waiting"].discard(sender)
+        if error:
+            self.restoring["error"] = error
+
+
+class CorruptCheckpoint(Exception):
+    pass
+

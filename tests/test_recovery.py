@@ -1,0 +1,187 @@
+"""Consistent checkpoints and recovery, end to end: kill -9 of workers and servers at random points,
+corrupted and truncated checkpoints, a full disk, resuming after the master itself was killed."""
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.helpers import Processes, app_path, run_cli, status, wait_for
+from tests.test_elasticity import CHAINS, check_result, ctl
+
+STEPS = 400
+RESUME_STEPS = 1000
+
+
+def job_args(name: str, ckpt: str, *extra: str, steps: int = STEPS) -> list[str]:
+    return ["litz", "run", app_path("chains"), "--name", name, "--executors", "12", "--checkpoint-dir", ckpt,
+            "--config", f"chains={CHAINS}", f"steps={steps}", "sleep=0.001", "--no-progress", *extra]
+
+
+def events_of(path) -> list[dict]:
+    return json.loads(path.read_text())["events"]
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("victims", [["w0"], ["s0"], ["w1", "s0"]])
+def test_kill_9_at_a_random_point_recovers_exactly(tmp_path, victims):
+    name, out = f"recover-{'-'.join(victims)}", tmp_path / "out.json"
+    rng = random.Random(hash(tuple(victims)))
+    with Processes() as procs:
+        job = procs.start(job_args(name, str(tmp_path / "ckpt"), "--checkpoint-every", "0.3",
+                                   "--output", str(out)))
+        wait_for(lambda: (s := status(name)) and s["checkpoints"] >= 1, 30, "a first checkpoint")
+        time.sleep(rng.uniform(0.0, 1.0))
+        for victim in victims:
+            res = ctl(name, "kill", victim, "--after", f"{rng.uniform(0, 0.3):.3f}")
+            assert res.returncode == 0, res.stderr
+        stdout, stderr = job.communicate(timeout=120)
+        assert job.returncode == 0, stderr
+    check_result(json.loads(stdout), steps=STEPS)  # consistency held, no update lost or applied twice
+    events = events_of(out)
+    recoveries = [e for e in events if e["kind"] == "recovery"]
+    assert recoveries and {v for e in recoveries for v in e["lost"]} >= set(victims)
+    for e in recoveries:
+        assert os.path.basename(e["checkpoint"]).startswith("ckpt-") and e["duration_s"] < 30
+    pauses = [e["pause_s"] for e in events if e["kind"] == "checkpoint"]
+    assert pauses and all(p >= 0 for p in pauses)
+
+
+def stopped_job_with_checkpoints(tmp_path, name: str, count: int = 3):
+    """Run a job until it has ``count`` checkpoints, then stop it; returns the checkpoint directory."""
+    ckpt = tmp_path / "ckpt"
+    with Processes() as procs:
+        job = procs.start(job_args(name, str(ckpt), "--checkpoint-every", "0.2", "--checkpoint-keep", "5",
+                                   steps=RESUME_STEPS))
+        wait_for(lambda: (s := status(name)) and s["checkpoints"] >= count, 60, f"{count} checkpoints")
+        assert ctl(name, "stop").returncode == 0
+        job.communicate(timeout=30)
+    return ckpt
+
+
+def newest(ckpt) -> str:
+    return sorted(d for d in os.listdir(ckpt) if d.startswith("ckpt-"))[-1]
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("damage", ["corrupt", "truncate", "no-manifest"])
+def test_resume_skips_a_damaged_checkpoint(tmp_path, damage):
+    ckpt = stopped_job_with_checkpoints(tmp_path, f"damaged-{damage}")
+    latest = newest(ckpt)
+    part = ckpt / latest / "executors" / "e00003.pkl"
+    if damage == "corrupt":  # same size, different bytes: only the checksum can tell
+        data = bytearray(part.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        part.write_bytes(bytes(data))
+    elif damage == "truncate":
+        part.write_bytes(part.read_bytes()[:-5])
+    else:
+        (ckpt / latest / "manifest.json").unlink()
+    out = tmp_path / "out.json"
+    res = run_cli(["litz", "run", app_path("chains"), "--name", f"resumed-{damage}", "--resume", str(ckpt),
+                   "--executors", "12", "--config", f"chains={CHAINS}", f"steps={RESUME_STEPS}", "sleep=0",
+                   "--no-progress", "--output", str(out)], timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "warning" in res.stderr and latest in res.stderr
+    check_result(json.loads(res.stdout), steps=RESUME_STEPS)
+    resume = next(e for e in events_of(out) if e["kind"] == "resume")
+    assert os.path.basename(resume["checkpoint"]) != latest
+
+
+@pytest.mark.timeout(120)
+def test_resume_after_the_master_is_killed(tmp_path):
+    name, ckpt = "master-dies", tmp_path / "ckpt"
+    with Processes() as procs:
+        job = procs.start(job_args(name, str(ckpt), "--checkpoint-every", "0.2", steps=RESUME_STEPS))
+        wait_for(lambda: (s := status(name)) and s["checkpoints"] >= 2, 60, "two checkpoints")
+        os.kill(job.pid, signal.SIGKILL)  # the master (litz run) itself; its children die with it
+        job.wait()
+        wait_for(lambda: not [p for p in procs.procs if p.poll() is None], 10, "the job gone")
+    res = run_cli(["litz", "run", app_path("chains"), "--resume", str(ckpt), "--executors", "12",
+                   "--config", f"chains={CHAINS}", f"steps={RESUME_STEPS}", "sleep=0", "--no-progress"], timeout=90)
+    assert res.returncode == 0, res.stderr
+    check_result(json.loads(res.stdout), steps=RESUME_STEPS)
+
+
+@pytest.mark.timeout(60)
+def test_resume_refuses_another_apps_checkpoint_and_an_empty_dir(tmp_path):
+    ckpt = stopped_job_with_checkpoints(tmp_path, "other-app", count=1)
+    res = run_cli(["litz", "run", app_path("noop"), "--resume", str(ckpt), "--no-progress"], timeout=60)
+    assert res.returncode == 2 and "belongs to app" in res.stderr, res.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = run_cli(["litz", "run", app_path("noop"), "--resume", str(empty), "--no-progress"], timeout=60)
+    assert res.returncode == 2 and "no complete checkpoint" in res.stderr, res.stderr
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real filesystem whose size the test can change: a tmpfs mounted for the test."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)], capture_output=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)])
+
+
+def resize(mnt, size: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,size={size}", str(mnt)], check=True)
+
+
+@pytest.mark.timeout(90)
+def test_full_disk_keeps_the_previous_checkpoint(small_disk, tmp_path):
+    """A checkpoint is written; the disk fills up; the next checkpoints fail cleanly while the job goes on and
+    the good one stays intact; once there is room again, checkpoints succeed again."""
+    name, out = "full-disk", tmp_path / "out.json"
+    with Processes() as procs:
+        job = procs.start(["litz", "run", app_path("chains"), "--name", name, "--executors", "4",
+                           "--checkpoint-dir", str(small_disk), "--config", "chains=4", "steps=3000",
+                           "sleep=0.001", "--no-progress", "--output", str(out)])
+        wait_for(lambda: status(name), 30, "the job")
+        assert ctl(name, "checkpoint").returncode == 0
+        wait_for(lambda: (s := status(name)) and s["checkpoints"] == 1, 30, "a first checkpoint")
+        used_kb = int(subprocess.run(["du", "-sk", str(small_disk)], capture_output=True, text=True).stdout.split()[0])
+        resize(small_disk, f"{used_kb + 8}k")  # full: no room for a second checkpoint
+        for _ in range(3):
+            assert ctl(name, "checkpoint").returncode == 0
+            time.sleep(0.4)
+        assert status(name)["checkpoints"] == 1
+        resize(small_disk, "64m")
+        assert ctl(name, "checkpoint").returncode == 0
+        wait_for(lambda: (s := status(name)) and s["checkpoints"] == 2, 30, "a checkpoint after room came back")
+        assert ctl(name, "stop").returncode == 0
+        _, stderr = job.communicate(timeout=60)
+        assert job.returncode == 0, stderr
+    events = events_of(out)
+    failed = [e for e in events if e["kind"] == "checkpoint_failed"]
+    assert len(failed) >= 1 and "No space left on device" in failed[0]["reason"]
+    assert "checkpoint failed, the previous one stays in use" in stderr
+    assert not [d for d in os.listdir(small_disk) if d.endswith(".tmp")]  # failed attempts cleaned up
+    from litz.checkpoint import CheckpointStore
+
+    good = CheckpointStore(str(small_disk)).complete()
+    assert [g.seq for g in good] == [2, 1]  # the first checkpoint survived the full disk intact
+    for g in good:
+        assert g.part("driver.pkl")["tasks_completed"] > 0  # every part checks out against the manifest
+        for rel in g.manifest["files"]:
+            g.part(rel)
+
+
+@pytest.mark.timeout(60)
+def test_no_checkpoint_means_a_clear_error(tmp_path):
+    name = "no-ckpt"
+    with Processes() as procs:
+        job = procs.start(["litz", "run", app_path("chains"), "--name", name, "--config", "chains=4", "steps=5000",
+                           "sleep=0.001", "--no-progress"])
+        wait_for(lambda: status(name), 30, "the job")
+        assert ctl(name, "kill", "w1").returncode == 0
+        _, stderr = job.communicate(timeout=30)
+    assert job.returncode == 2
+    assert "worker w1" in stderr and "no checkpoint to recover from" in stderr.strip().splitlines()[-1]
