@@ -36,8 +36,12 @@ STATUS_EVERY_S = 1.0
 class Member:
     """What the master knows of one worker or server process."""
 
+    _joins = 0
+
     def __init__(self, ident: str, role: str, info: dict):
         self.ident, self.role, self.info = ident, role, info
+        Member._joins += 1
+        self.joined = Member._joins
         self.state = "active"  # active | draining
         self.ready = False  # worker: has the app and created its initial executors
         self.retire_sent = False
@@ -231,6 +235,7 @@ class Master(Process):
             raise AppError("driver dispatch_initial_tasks", traceback.format_exc()) from None
         self.flush_outbox()
         self.check_progress()
+        self.rebalance("scale_out", [])  # workers that joined between placement and start
 
     def resume_job(self) -> None:
         """Continue a job from the latest complete checkpoint in --checkpoint-dir (--resume)."""
@@ -399,6 +404,7 @@ class Master(Process):
         """Plan and start the moves that spread executors and shards over the active processes."""
         if not self.started or self.recovery.in_progress is not None:
             return
+        self.flush_outbox()  # tasks already dispatched must reach a source before its move order
         workers = sorted(m.ident for m in self.workers.values() if m.state == "active" and m.ready)
         servers = sorted(m.ident for m in self.servers.values() if m.state == "active")
         ex_moves = plan_moves(self.executor_owner, self.moving_executors, workers)
@@ -476,6 +482,10 @@ class Master(Process):
         op = self.operation
         if op is None or self.moving_executors or self.moving_shards or self.map_dirty:
             return
+        if self.plan_needed():  # processes joined while items were in flight: keep going until balanced
+            self.rebalance(op.kind, [])
+            if self.moving_executors or self.moving_shards:
+                return
         if any(m.state == "draining" for m in (*self.workers.values(), *self.servers.values())):
             return
         end = time.time()
@@ -484,6 +494,12 @@ class Master(Process):
                           shards_moved=op.shards_moved, processes=op.processes, workers=len(self.workers),
                           servers=len(self.servers))
         self.operation = None
+
+    def plan_needed(self) -> bool:
+        workers = [m.ident for m in self.workers.values() if m.state == "active" and m.ready]
+        servers = [m.ident for m in self.servers.values() if m.state == "active"]
+        return bool(plan_moves(self.executor_owner, self.moving_executors, workers)
+                    or plan_moves(self.shard_owner, self.moving_shards, servers))
 
     def drain(self, idents: list[str]) -> str:
         """Move everything off these processes; each exits once empty. Returns what is happening."""
@@ -518,7 +534,7 @@ class Master(Process):
                     said.append(f"waiting for {more} more {role}(s) to join: start `litz {role} --etcd ... "
                                 f"--name {self.membership.job}` on the new machines")
             elif target < len(active):
-                leaving = [m.ident for m in sorted(active, key=lambda m: (int(m.ident[1:]), m.ident))[target:]]
+                leaving = [m.ident for m in sorted(active, key=lambda m: m.joined)[target:]]  # newest leave first
                 said.append(self.drain(leaving))
             else:
                 said.append(f"already {target} {role}(s)")
@@ -593,6 +609,8 @@ class Master(Process):
                 self.membership.respond(rid, {"ok": True, "message": message, "leaving": leaving})
             except LitzError as exc:
                 self.membership.respond(rid, {"ok": False, "message": str(exc)})
+            except Exception as exc:  # a bad request must never take the job down
+                self.membership.respond(rid, {"ok": False, "message": f"{command}: {type(exc).__name__}: {exc}"})
 
     def rate(self) -> float:
         now = time.time()

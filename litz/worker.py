@@ -73,6 +73,7 @@ class Worker(Process):
         self.retiring = False
         self.map_version = -1
         self.gen = 0  # bumped by a restore: tasks of an older generation are gone
+        self.moved_to: dict[int, str] = {}  # executors shipped from here -> where they went
         self.next_rid = 0
         self.next_fid = 0
         self.running = True
@@ -113,7 +114,10 @@ class Worker(Process):
         if tag == P.TASKS:
             gen = self.gen
             for tid, eid, version, args in msg[1]:
-                self.runnable.append(Task(tid, eid, version, args, gen))
+                if eid in self.executors or eid in self.moving:
+                    self.runnable.append(Task(tid, eid, version, args, gen))
+                else:
+                    self.misrouted(tid, eid, version, args)
         elif tag == P.VALUES:
             self.on_values(msg[1])
         elif tag == P.ACK:
@@ -189,6 +193,14 @@ class Worker(Process):
         self.moving[eid] = (dest, with_input, [(t.tid, t.eid, t.version, t.args) for t in queued])
         self.ship_ready_executors()
 
+    def misrouted(self, tid: int, eid: int, version: int, args: Any) -> None:
+        """A task for an executor that left: it follows (behind the executor, on the same channel)."""
+        dest = self.moved_to.get(eid)
+        if dest is None:
+            self.fail(f"worker {self.ident}", f"received a task for executor {eid}, which was never here")
+        else:
+            self.send(dest, (P.TASKS, [(tid, eid, version, args)]))
+
     def ship_ready_executors(self) -> None:
         for eid in [e for e in self.moving if self.started[e] == 0]:
             dest, with_input, buffered = self.moving.pop(eid)
@@ -198,6 +210,7 @@ class Worker(Process):
                 continue
             state = executor_state(ex, with_input)
             self.send(dest, (P.EXECUTOR, eid, state, buffered, with_input), pickler=cloudpickle)
+            self.moved_to[eid] = dest
 
     def receive_executor(self, eid: int, state: Any, buffered: list, with_input: bool) -> None:
         ex = self._bind(eid)
@@ -212,6 +225,7 @@ class Worker(Process):
             self.fail(*describe_app_exception(f"executor {eid} load_input after moving", exc))
             return
         self.executors[eid] = ex
+        self.moved_to.pop(eid, None)
         for tid, _, version, args in buffered:
             self.runnable.append(Task(tid, eid, version, args, self.gen))
         self.send("master", (P.MOVED, eid, wire.size_of(state)))
@@ -243,6 +257,7 @@ class Worker(Process):
         self.flushing = None
         self.started.clear()
         self.moving.clear()
+        self.moved_to.clear()
         self.retiring = False
 
     def restore(self, root: str, parts: dict[int, dict], shard_map: tuple) -> None:

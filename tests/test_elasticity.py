@@ -72,7 +72,7 @@ def test_refusals_and_unknowns():
     name = "elastic-refusals"
     with Processes() as procs:
         job = procs.start(["litz", "run", app_path("chains"), "--name", name, "--workers", "1",
-                           "--config", "chains=4", "steps=4000", "sleep=0.001", "--no-progress"])
+                           "--config", "chains=4", "steps=100000", "sleep=0.001", "--no-progress"])
         wait_for(lambda: status(name), 30, "the job's status")
         for args, message in [
             (["scale", "--workers", "0"], "cannot scale to 0 workers"),

@@ -147,11 +147,17 @@ class Membership:
         self.kv.put(f"{self.prefix}responses/{rid}", response)
 
     def wait_response(self, rid: str, timeout: float) -> dict | None:
+        """The master's answer to a request; None on timeout. A job that ends meanwhile is an error."""
         deadline = time.time() + timeout
+        next_alive_check = time.time() + 1.0
         while time.time() < deadline:
             resp = self.kv.get(f"{self.prefix}responses/{rid}")
             if resp is not None:
                 self.kv.delete(f"{self.prefix}responses/{rid}")
                 return resp
+            if time.time() > next_alive_check:
+                next_alive_check = time.time() + 1.0
+                if self.master() is None:
+                    raise LitzError(f"job {self.job!r} ended before answering")
             time.sleep(0.05)
         return None
