@@ -5,6 +5,7 @@ so that joining processes can derive the job's CURVE keys.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from .job import resolve_app, run_job
@@ -17,7 +18,7 @@ def run_master(app: Any, name: str, *, etcd: str | None, home: str | None = None
                secret_file: str | None = None, **job: Any) -> Any:
     app = resolve_app(app)
     membership = Membership(connect_kv(etcd, home), name)
-    if secret_file:
+    if secret_file or os.environ.get("LITZ_SECRET"):  # every role has it already: keep it out of etcd
         return run_job(app, membership, job_secret(membership, secret_file), **job)
     secret = new_secret()
     # published only once this master has won the job's name, so a refused second master changes nothing

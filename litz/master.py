@@ -301,6 +301,13 @@ class Master(Process):
             self.on_shard_moved(sender, msg[1], msg[2])
         elif tag == P.RETIRED:
             self.on_retired(sender)
+        elif tag == P.DRAIN_ME:
+            member = self.workers.get(sender) or self.servers.get(sender)
+            if member is not None and member.state == "active":
+                try:
+                    self.drain([sender])
+                except LitzError as exc:
+                    self.send(sender, (P.DRAIN_REFUSED, str(exc)))
         elif tag == P.CHECKPOINTED:
             self.recovery.on_part(sender, msg[1], None)
         elif tag == P.CHECKPOINT_FAILED:
@@ -637,9 +644,11 @@ class Master(Process):
             "moving": {"executors": len(self.moving_executors), "shards": len(self.moving_shards)},
             "report": self.joblog.last_report,
             "workers": [{"id": m.ident, "pid": m.info.get("pid"), "host": m.info.get("host"), "state": m.state,
+                         "address": m.info.get("address"),
                          "executors": owned.get(m.ident, []), "memory": m.stats.get("rss")}
                         for m in self.workers.values()],
             "servers": [{"id": m.ident, "pid": m.info.get("pid"), "host": m.info.get("host"), "state": m.state,
+                         "address": m.info.get("address"),
                          "shards": shards.get(m.ident, []), "memory": m.stats.get("rss")}
                         for m in self.servers.values()],
         }

@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from . import protocol as P
 from .errors import LitzError
 from .membership import Membership
 from .transport import Endpoint
@@ -51,6 +52,22 @@ class Process:
         self.pid = os.getpid()
         self.epoch = 0
         self._future: list[tuple[str, int, Any]] = []
+        self.drain_requested = False
+        self._drain_sent = 0.0
+
+    def request_drain(self) -> None:
+        """Signal-safe: the event loop asks the master to move this process's work away."""
+        self.drain_requested = True
+
+    def leave_on_request(self) -> bool:
+        """Called by the event loop: True once this process should just exit (master gone)."""
+        now = time.time()
+        if now - self._drain_sent > 5.0:
+            self._drain_sent = now
+            if self.membership.master() is None:
+                return True
+            self.send("master", (P.DRAIN_ME,))
+        return False
 
     def send(self, peer: str, msg: Any, pickler: Any = None) -> int:
         ep = self.endpoint

@@ -37,3 +37,5 @@ RESTORE = "restore"                      # master -> server: (RESTORE, path, {sh
 RESTORED = "restored"                    # -> master: (RESTORED,)
 RESTORE_FAILED = "restore_failed"        # -> master: (RESTORE_FAILED, reason) e.g. a corrupted part
 DIE = "die"                              # master -> worker/server: (DIE, signal) fault injection for tests
+DRAIN_ME = "drain_me"                    # worker/server -> master: (DRAIN_ME,) it got SIGTERM: move work off it
+DRAIN_REFUSED = "drain_refused"          # master -> worker/server: (DRAIN_REFUSED, reason)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 from .errors import LitzError
@@ -10,7 +11,7 @@ from .process import die_with_parent
 
 
 def job_secret(membership: Membership, secret_file: str | None = None) -> str:
-    """The job secret: from the launcher's environment, a file, or the job registry (cluster mode)."""
+    """The job secret: from $LITZ_SECRET, a file, or the job registry (published there by the master)."""
     if os.environ.get("LITZ_SECRET"):
         return os.environ["LITZ_SECRET"]
     if secret_file:
@@ -32,7 +33,7 @@ def job_secret(membership: Membership, secret_file: str | None = None) -> str:
 
 def serve(role: str, name: str, *, etcd: str | None = None, home: str | None = None,
           secret_file: str | None = None, host: str = "127.0.0.1", bind_host: str | None = None,
-          ident: str | None = None, start_timeout: float = 60.0) -> None:
+          ident: str | None = None, start_timeout: float = 60.0, port: int = 0) -> None:
     if os.environ.get("LITZ_PARENT_PID"):
         die_with_parent()
         if os.getppid() != int(os.environ["LITZ_PARENT_PID"]):
@@ -43,12 +44,15 @@ def serve(role: str, name: str, *, etcd: str | None = None, home: str | None = N
     membership = Membership(connect_kv(etcd, home), name)
     membership.wait_master(start_timeout)
     secret = job_secret(membership, secret_file)
-    if ident and (membership.member(ident) is not None or not membership.kv.create(
-            f"{membership.prefix}ids/{ident}", time.time())):
-        raise LitzError(f"process id {ident!r} is already taken in job {name!r}")
+    if ident:
+        if membership.member(ident) is not None:
+            raise LitzError(f"process id {ident!r} is in use by a live process of job {name!r}")
+        membership.kv.put(f"{membership.prefix}ids/{ident}", time.time())  # a restarted pod may reuse its id
     ident = ident or membership.allocate_id(role)
     cls = Worker if role == "worker" else Server
-    proc = cls(ident, membership, secret, host=host, bind_host=bind_host)
+    proc = cls(ident, membership, secret, host=host, bind_host=bind_host, port=port)
+    # SIGTERM (docker stop, Kubernetes without a preStop hook, Slurm preemption): leave gracefully
+    signal.signal(signal.SIGTERM, lambda *_: proc.request_drain())
     membership.register(role, ident, {"address": proc.endpoint.address})
     try:
         proc.run(start_timeout)

@@ -13,6 +13,7 @@ completes however many hops its items took.
 from __future__ import annotations
 
 import os
+import sys
 import time
 import traceback
 from collections import defaultdict
@@ -49,6 +50,8 @@ class Server(Process):
             if ep.poll(200):
                 for sender, msg in self.receive():
                     self.handle(sender, msg)
+            if self.drain_requested and self.retire_waiting is None and self.leave_on_request():
+                break
             now = time.time()
             if now - last_check > 1.0:
                 last_check = now
@@ -90,6 +93,9 @@ class Server(Process):
             self.restore(msg[1], msg[2])
         elif tag == P.DIE:
             os.kill(os.getpid(), msg[1])
+        elif tag == P.DRAIN_REFUSED:
+            sys.stderr.write(f"litz: {self.role} {self.ident}: cannot leave gracefully ({msg[1]}); exiting\n")
+            self.running = False
         elif tag == P.STOP:
             self.running = False
         else:

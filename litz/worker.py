@@ -8,6 +8,7 @@ that holds their updates has been flushed to the servers and acknowledged (thesi
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections import defaultdict, deque
 from collections.abc import Hashable, Iterable
@@ -99,6 +100,8 @@ class Worker(Process):
                 self.flush()
             if self.moving:
                 self.ship_ready_executors()
+            if self.drain_requested and not self.retiring and self.leave_on_request():
+                return
             if self.retiring and self.can_retire():
                 self.send("master", (P.RETIRED,))
                 return
@@ -141,6 +144,9 @@ class Worker(Process):
             self.restore(msg[1], msg[2], msg[3])
         elif tag == P.DIE:
             os.kill(os.getpid(), msg[1])
+        elif tag == P.DRAIN_REFUSED:
+            sys.stderr.write(f"litz: {self.role} {self.ident}: cannot leave gracefully ({msg[1]}); exiting\n")
+            self.running = False
         elif tag == P.STOP:
             self.running = False
         else:

@@ -4,6 +4,8 @@ The job is the chains app: causal chains hopping across executors (consistency),
 shared keys (exact totals), executors counting their tasks (state that must move with them, nothing run
 twice or lost) and checking their input data (re-loaded on scale-in)."""
 import json
+import os
+import signal
 
 import pytest
 
@@ -88,3 +90,24 @@ def test_refusals_and_unknowns():
         assert ctl(name, "stop").returncode == 0
         stdout, stderr = job.communicate(timeout=30)
         assert job.returncode == 0 and json.loads(stdout) is None, stderr
+
+
+@pytest.mark.timeout(90)
+def test_sigterm_makes_a_worker_and_a_server_leave_gracefully(tmp_path):
+    """docker stop / Kubernetes without a preStop hook: SIGTERM drains the process instead of losing it."""
+    name, out = "elastic-sigterm", tmp_path / "out.json"
+    with Processes() as procs:
+        job = procs.start(["litz", "run", app_path("chains"), "--name", name, "--workers", "3", "--servers", "2",
+                           "--executors", "12", "--config", f"chains={CHAINS}", f"steps={STEPS}", "sleep=0.003",
+                           "--output", str(out), "--no-progress"])
+        st = wait_for(lambda: (s := status(name)) and s["tasks_completed"] > 0 and s, 30, "the job running")
+        victims = {p["id"]: p["pid"] for p in st["workers"][:1] + st["servers"][:1]}
+        for pid in victims.values():
+            os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: (s := status(name)) and not {p["id"] for p in s["workers"] + s["servers"]} & set(victims),
+                 30, "the signalled processes to leave")
+        stdout, stderr = job.communicate(timeout=90)
+        assert job.returncode == 0, stderr
+    check_result(json.loads(stdout))
+    kinds = [e["kind"] for e in json.loads(out.read_text())["events"]]
+    assert "scale_in" in kinds and "recovery" not in kinds

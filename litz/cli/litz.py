@@ -51,6 +51,7 @@ def _role_options(p: argparse.ArgumentParser, local_home: bool = False) -> None:
     p.add_argument("--secret-file", help="file holding the job secret (default: from the registry)")
     p.add_argument("--host", default="127.0.0.1", help="address other processes reach this one at")
     p.add_argument("--bind", help="address to bind (default: --host)")
+    p.add_argument("--port", type=int, default=0, help="TCP port to listen on (default: any free port)")
     p.add_argument("--home", help=argparse.SUPPRESS)  # the local registry directory of `litz run`
 
 
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             from ..cluster import run_master
 
             result = run_master(args.app, args.name, etcd=args.etcd, home=args.home, secret_file=args.secret_file,
-                                host=args.host, bind_host=args.bind, executors=args.executors,
+                                host=args.host, bind_host=args.bind, port=args.port, executors=args.executors,
                                 config=parse_config(args.config), shards=args.shards or 0, output=args.output,
                                 metrics=args.metrics, progress=not args.no_progress, min_workers=args.min_workers,
                                 min_servers=args.min_servers, start_timeout=args.start_timeout,
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         from ..roles import serve
 
         serve(args.command, args.name, etcd=args.etcd, home=args.home, secret_file=args.secret_file,
-              host=args.host, bind_host=args.bind, ident=args.id, start_timeout=args.start_timeout)
+              host=args.host, bind_host=args.bind, ident=args.id, start_timeout=args.start_timeout, port=args.port)
         return 0
 
     return main_guard("litz", body)

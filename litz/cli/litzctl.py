@@ -52,10 +52,13 @@ def format_status(st: dict) -> str:
              f"{st['tasks_completed']} tasks, {st['tasks_per_s']:,.0f} tasks/s",
              f"  {st['executors']} executors, {st['shards']} shards; last report: "
              + (", ".join(f"{k}={v}" for k, v in st.get("report", {}).items()) or "none")]
-    for w in st["workers"]:
-        lines.append(f"  worker {w['id']:>5}  pid {w['pid']:>7}  host {w['host']}  executors {len(w['executors'])}")
-    for s in st["servers"]:
-        lines.append(f"  server {s['id']:>5}  pid {s['pid']:>7}  host {s['host']}  shards {len(s['shards'])}")
+    width = max([5] + [len(p["id"]) for p in st["workers"] + st["servers"]])
+    for role, procs, what in (("worker", st["workers"], "executors"), ("server", st["servers"], "shards")):
+        for p in procs:
+            mem = f"  memory {p['memory'] / 2**20:,.0f} MiB" if p.get("memory") else ""
+            state = "" if p.get("state", "active") == "active" else f"  ({p['state']})"
+            lines.append(f"  {role} {p['id']:>{width}}  pid {p['pid']:>7}  {p.get('address') or p['host']}  "
+                         f"{what} {len(p[what])}{mem}{state}")
     return "\n".join(lines)
 
 
