@@ -1,0 +1,151 @@
+"""Several hosts on one machine: each role in its own Linux network namespace with its own address on a
+bridge, real etcd, real TCP between hosts. A job starts on 2 hosts, a third joins, one is drained, another
+is cut off (its processes killed): the job recovers from its checkpoint and finishes exactly right."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT, app_path, run_cli, wait_for
+from tests.test_elasticity import CHAINS, check_result
+
+STEPS = 800
+SUBNET = "10.233.{}.{}"
+
+
+def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(list(args), capture_output=True, text=True, check=check)
+
+
+class Hosts:
+    """A bridge in the root namespace and one namespace per host, each with a veth into the bridge."""
+
+    def __init__(self, count: int):
+        tag = os.getpid() % 10000
+        self.net = (os.getpid() // 7) % 200 + 20
+        self.bridge = f"lzb{tag}"
+        self.names = [f"lz{tag}h{i}" for i in range(1, count + 1)]
+        self.veths = [f"lz{tag}v{i}" for i in range(1, count + 1)]
+        self.gateway = SUBNET.format(self.net, 1)
+        self.addresses = [SUBNET.format(self.net, 10 + i) for i in range(1, count + 1)]
+
+    def __enter__(self) -> "Hosts":
+        sh("ip", "link", "add", self.bridge, "type", "bridge")
+        sh("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
+        sh("ip", "link", "set", self.bridge, "up")
+        for ns, veth, addr in zip(self.names, self.veths, self.addresses, strict=True):
+            sh("ip", "netns", "add", ns)
+            sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            sh("ip", "link", "set", veth, "master", self.bridge)
+            sh("ip", "link", "set", veth, "up")
+            sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{addr}/24", "dev", "eth0")
+            sh("ip", "netns", "exec", ns, "ip", "link", "set", "eth0", "up")
+            sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for ns, veth in zip(self.names, self.veths, strict=True):
+            sh("ip", "link", "del", veth, check=False)
+            sh("ip", "netns", "del", ns, check=False)
+        sh("ip", "link", "del", self.bridge, check=False)
+
+
+class HostProcesses:
+    """Litz roles started inside host namespaces, each in its own process group, all killed at the end."""
+
+    def __init__(self) -> None:
+        self.by_host: dict[int, list[subprocess.Popen]] = {}
+
+    def start(self, hosts: Hosts, host: int, args: list[str]) -> subprocess.Popen:
+        cmd = ["ip", "netns", "exec", hosts.names[host], sys.executable, "-m", "litz.cli.litz", *args,
+               "--host", hosts.addresses[host]]
+        proc = subprocess.Popen(cmd, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
+        self.by_host.setdefault(host, []).append(proc)
+        return proc
+
+    def kill_host(self, host: int) -> None:
+        for proc in self.by_host.get(host, []):
+            try:
+                os.killpg(proc.pid, 9)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+    def __enter__(self) -> "HostProcesses":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for host in list(self.by_host):
+            self.kill_host(host)
+
+
+def etcd_on(address: str, tmp_path) -> subprocess.Popen:
+    proc = subprocess.Popen([shutil.which("etcd"), "--data-dir", str(tmp_path / "etcd"), "--name", "mh",
+                             "--listen-client-urls", f"http://{address}:2379",
+                             "--advertise-client-urls", f"http://{address}:2379",
+                             "--listen-peer-urls", f"http://{address}:2380",
+                             "--initial-advertise-peer-urls", f"http://{address}:2380",
+                             "--initial-cluster", f"mh=http://{address}:2380"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    return proc
+
+
+def status(name: str, etcd: str) -> dict | None:
+    res = run_cli(["litzctl", "--etcd", etcd, "--name", name, "status", "--json"], timeout=30)
+    return json.loads(res.stdout) if res.returncode == 0 else None
+
+
+def hosts_of(st: dict) -> set[str]:
+    return {p["address"].split("//")[1].rsplit(":", 1)[0] for p in st["workers"] + st["servers"]}
+
+
+needs_root_and_ip = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("etcd"),
+                                       reason="needs root, iproute2 and etcd (the CI installs them)")
+
+
+@needs_root_and_ip
+@pytest.mark.timeout(180)
+def test_job_across_hosts_joins_drains_and_survives_a_lost_host(tmp_path):
+    name, out = "multihost", tmp_path / "out.json"
+    with Hosts(3) as hosts:
+        etcd_proc = etcd_on(hosts.gateway, tmp_path)
+        etcd = f"{hosts.gateway}:2379"
+        try:
+            with HostProcesses() as procs:
+                wait_for(lambda: run_cli(["litzctl", "--etcd", etcd, "list"], timeout=30).returncode == 0, 30, "etcd")
+                role = ["--etcd", etcd, "--name", name]
+                master = procs.start(hosts, 0, ["master", app_path("chains"), *role, "--min-workers", "2",
+                                                "--min-servers", "2", "--executors", "12", "--checkpoint-dir",
+                                                str(tmp_path / "ckpt"), "--checkpoint-every", "0.5", "--output",
+                                                str(out), "--no-progress", "--config", f"chains={CHAINS}",
+                                                f"steps={STEPS}", "sleep=0.002"])
+                for host in (0, 1):
+                    procs.start(hosts, host, ["worker", *role])
+                    procs.start(hosts, host, ["server", *role])
+                st = wait_for(lambda: (s := status(name, etcd)) and s["tasks_completed"] > 0 and s, 60,
+                              "the job running on 2 hosts")
+                assert hosts_of(st) == {hosts.addresses[0], hosts.addresses[1]}
+
+                procs.start(hosts, 2, ["worker", *role])  # a third host joins
+                procs.start(hosts, 2, ["server", *role])
+                st = wait_for(lambda: (s := status(name, etcd)) and len(hosts_of(s)) == 3
+                              and all(w["executors"] for w in s["workers"]) and s, 60, "the third host to get work")
+
+                on_h2 = [p["id"] for p in st["workers"] + st["servers"] if hosts.addresses[1] in p["address"]]
+                res = run_cli(["litzctl", "--etcd", etcd, "--name", name, "drain", *on_h2], timeout=120)
+                assert res.returncode == 0 and "released" in res.stdout, res.stderr
+
+                wait_for(lambda: (s := status(name, etcd)) and s["checkpoints"] >= 1, 60, "a checkpoint")
+                procs.kill_host(2)  # the third host is cut off
+                stdout, stderr = master.communicate(timeout=150)
+                assert master.returncode == 0, stderr
+        finally:
+            etcd_proc.kill()
+            etcd_proc.wait()
+    check_result(json.loads(stdout), steps=STEPS)
+    kinds = [e["kind"] for e in json.loads(out.read_text())["events"]]
+    assert "scale_out" in kinds and "scale_in" in kinds and "recovery" in kinds
