@@ -66,7 +66,7 @@ class Master(Process):
                  supervise: Callable[[], list[tuple[str, int, str]]] | None = None,
                  spawn: Callable[[str], Any] | None = None, checkpoint_dir: str | None = None,
                  checkpoint_every: float | None = None, checkpoint_keep: int = 3, resume: bool = False,
-                 **endpoint: Any):
+                 partial_recovery: bool = False, priority_checkpoint: float | None = None, **endpoint: Any):
         super().__init__("master", membership, secret, **endpoint)
         self.app = app
         self.config = config
@@ -105,7 +105,9 @@ class Master(Process):
         self.paused_tasks: list[tuple] = []  # dispatched while a checkpoint holds dispatch
         self.faults: list[tuple[float, str, int]] = []  # (when, process id, signal) from litzctl kill
         store = CheckpointStore(checkpoint_dir, checkpoint_keep) if checkpoint_dir else None
-        self.recovery = Recovery(self, store, checkpoint_every)
+        self.recovery = Recovery(self, store, checkpoint_every, partial=partial_recovery,
+                                 priority=priority_checkpoint)
+        self.inflight_tasks: dict[int, tuple] = {}  # sent and not completed: partial recovery re-sends them
         self.resume = resume
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -271,6 +273,7 @@ class Master(Process):
         self.operation = None
         self.map_dirty = False
         self.in_flight = self.sent_in_flight = 0
+        self.inflight_tasks.clear()
         self.started = False
         for member in (*self.workers.values(), *self.servers.values()):
             member.retire_sent = False
@@ -316,6 +319,8 @@ class Master(Process):
             self.recovery.on_restored(sender, None)
         elif tag == P.RESTORE_FAILED:
             self.recovery.on_restored(sender, msg[1])
+        elif tag == P.PRIORITY_SAVED:
+            self.recovery.on_priority_saved(sender, msg[1], msg[2], msg[3])
         elif tag == P.FAIL:
             raise app_error(msg[1], msg[2])
         elif tag == P.HELLO:
@@ -343,11 +348,13 @@ class Master(Process):
 
     def on_done(self, results: list) -> None:
         driver = self.driver
-        for _tid, result in results:
+        inflight = self.inflight_tasks
+        for tid, result in results:
             if self.finished:
                 return
             self.in_flight -= 1
             self.sent_in_flight -= 1
+            inflight.pop(tid, None)
             self.tasks_completed += 1
             self.version += 1
             try:
@@ -387,6 +394,7 @@ class Master(Process):
         else:
             self.outbox[self.executor_owner[eid]].append(task)
             self.sent_in_flight += 1
+            self.inflight_tasks[task[0]] = task
 
     def release_paused(self) -> None:
         tasks, self.paused_tasks = self.paused_tasks, []

@@ -39,3 +39,9 @@ RESTORE_FAILED = "restore_failed"        # -> master: (RESTORE_FAILED, reason) e
 DIE = "die"                              # master -> worker/server: (DIE, signal) fault injection for tests
 DRAIN_ME = "drain_me"                    # worker/server -> master: (DRAIN_ME,) it got SIGTERM: move work off it
 DRAIN_REFUSED = "drain_refused"          # master -> worker/server: (DRAIN_REFUSED, reason)
+
+# SCAR (thesis ch. 5)
+PRIORITY_CHECKPOINT = "priority_checkpoint"  # master -> server: (PRIORITY_CHECKPOINT, root, fraction)
+PRIORITY_SAVED = "priority_saved"            # server -> master: (PRIORITY_SAVED, keys_saved, keys_held, error)
+RESTORE_SHARDS = "restore_shards"            # master -> live server: (RESTORE_SHARDS, source, root, {shard: meta})
+RESET_TASKS = "reset_tasks"                  # master -> worker: (RESET_TASKS, shard_map_message) keep executors

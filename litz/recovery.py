@@ -37,11 +37,22 @@ def warn(text: str) -> None:
 
 
 class Recovery:
-    def __init__(self, master: Master, store: CheckpointStore | None, every: float | None = None):
+    def __init__(self, master: Master, store: CheckpointStore | None, every: float | None = None,
+                 partial: bool = False, priority: float | None = None):
         self.master = master
         self.store = store
         self.every = every
-        self.next_due = time.time() + every if every else None
+        self.partial = partial
+        self.priority = priority
+        if (partial or priority) and store is None:
+            raise LitzError("--partial-recovery and --priority-checkpoint need --checkpoint-dir")
+        if priority is not None and not (0 < priority <= 1 and every):
+            raise LitzError("--priority-checkpoint R needs 0 < R <= 1 and --checkpoint-every (saved every R x it)")
+        # with priority checkpoints, parameters go to the running checkpoint every R x period and full
+        # checkpoints (for lost workers) are taken only when asked (litzctl checkpoint)
+        self.next_due = time.time() + every if every and not priority else None
+        self.next_priority = time.time() + every * priority if priority else None
+        self.priority_round: dict | None = None
         self.requested = False
         self.in_progress: dict | None = None  # seq, tmp, parts, waiting, pause_t0
         self.pause_t0: float | None = None
@@ -65,6 +76,8 @@ class Recovery:
             return
         if self.next_due is not None and time.time() >= self.next_due and not self.paused:
             self.requested = True
+        if self.next_priority is not None and time.time() >= self.next_priority and self.priority_round is None:
+            self.priority_checkpoint()
         if self.requested and not self.paused:
             self.requested = False
             self.pause_t0 = time.time()  # from here on, dispatches are held
@@ -122,6 +135,29 @@ class Recovery:
                        bytes=sum(p["bytes"] for p in parts.values()), tasks_completed=m.tasks_completed)
         self.resume()
 
+    def priority_checkpoint(self) -> None:
+        """SCAR: each server saves its fraction R of most-changed keys; training does not pause."""
+        m = self.master
+        servers = [i for i, s in m.servers.items() if s.state == "active"]
+        self.priority_round = {"t0": time.time(), "waiting": set(servers), "saved": 0, "held": 0}
+        for ident in servers:
+            m.send(ident, (P.PRIORITY_CHECKPOINT, self.store.root, self.priority))
+
+    def on_priority_saved(self, sender: str, saved: int, held: int, error: str | None) -> None:
+        r = self.priority_round
+        if r is None or sender not in r["waiting"]:
+            return
+        if error:
+            warn(error)
+        r["waiting"].discard(sender)
+        r["saved"] += saved
+        r["held"] += held
+        if not r["waiting"]:
+            self.master.joblog.event("priority_checkpoint", fraction=self.priority, keys_saved=r["saved"],
+                                     keys=r["held"], duration_s=round(time.time() - r["t0"], 4))
+            self.priority_round = None
+            self.next_priority = time.time() + self.every * self.priority
+
     def failed(self, reason: str) -> None:
         warn(f"checkpoint failed, the previous one stays in use: {reason}")
         self.master.joblog.event("checkpoint_failed", reason=reason)
@@ -151,6 +187,9 @@ class Recovery:
         """Restore the latest good checkpoint onto the processes still alive (plus replacements)."""
         m = self.master
         t0 = time.time()
+        if self.partial and self.can_recover_partially(lost):
+            self.recover_partially(lost)
+            return
         checkpoints = self.usable()
         if not checkpoints:
             raise LitzError(f"{why} and there is no checkpoint to recover from"
@@ -222,6 +261,59 @@ class Recovery:
         except LitzError as exc:
             raise CorruptCheckpoint(str(exc)) from None
         m.restore_driver(state)
+
+    # -- SCAR partial recovery ---------------------------------------------------------------------
+    def can_recover_partially(self, lost: list[Member]) -> bool:
+        """Only lost servers (executors all alive), nothing moving, a live server left, something to restore."""
+        m = self.master
+        lost_ids = {x.ident for x in lost}
+        return (all(x.role == "server" for x in lost) and not m.moving_executors and not m.moving_shards
+                and any(i not in lost_ids for i in m.servers) and (self.priority is not None or bool(self.usable())))
+
+    def recover_partially(self, lost: list[Member]) -> None:
+        """Reload only the lost shards (running checkpoint, else the latest full one); keep all else as it is."""
+        m = self.master
+        t0 = time.time()
+        lost_ids = [x.ident for x in lost]
+        if self.priority is not None:
+            source, root, files = "running", self.store.root, None
+        else:
+            ckpt = self.usable()[0]
+            source, root, files = "full", ckpt.path, ckpt.manifest["files"]
+        self.abort_in_progress()
+        m.flush_outbox()  # sent under the old epoch; the reset drops them and they are dispatched again below
+        m.epoch += 1
+        for member in lost:
+            m.forget(member.ident)
+            if m.spawn is not None:
+                m.spawn(member.role)  # joins later; the balancer then gives it shards
+        live = sorted(m.servers)
+        lost_shards = [s for s, owner in enumerate(m.shard_owner) if owner in lost_ids]
+        for i, shard in enumerate(lost_shards):
+            m.shard_owner[shard] = live[i % len(live)]
+        m.map_version += 1
+        m.map_dirty = False
+        for s in m.servers:
+            m.last_owned[s] = m.map_version if s in m.shard_owner else -1
+        self.restoring = {"waiting": set(live), "error": None}
+        for ident in live:
+            mine = {s: (files[shard_part(s)] if files else None) for s in lost_shards if m.shard_owner[s] == ident}
+            m.send(ident, (P.RESTORE_SHARDS, source, root, mine))
+        self.await_restored()
+        self.restoring = {"waiting": set(m.workers), "error": None}
+        for ident in m.workers:
+            m.workers[ident].first_map = m.map_version
+            m.send(ident, (P.RESET_TASKS, m.map_message()))
+        self.await_restored()
+        self.restoring = None
+        again = sorted(m.inflight_tasks.values())
+        m.inflight_tasks.clear()
+        m.sent_in_flight = 0
+        m.in_flight -= len(again)
+        for _, eid, _, args in again:
+            m.dispatch_task(eid, args)
+        m.joblog.event("partial_recovery", lost=lost_ids, source=source, shards_restored=len(lost_shards),
+                       tasks_redispatched=len(again), duration_s=round(time.time() - t0, 4))
 
     def await_members(self, count: int) -> None:
         """Give replacement processes (local launcher, Kubernetes) a moment to join before placing."""

@@ -27,6 +27,7 @@ from .cache import add_into
 from .checkpoint import read_part, shard_part, write_part
 from .errors import LitzError
 from .process import Process, resident_bytes
+from .scar import RunningCheckpoint, load_running_shard
 
 
 class Server(Process):
@@ -40,6 +41,7 @@ class Server(Process):
         self.running = True
         self.retire_waiting: set[str] | None = None  # workers whose fence we still need before exiting
         self.fences: set[str] = set()
+        self.running_ckpt = RunningCheckpoint()
 
     def run(self, start_timeout: float = 600.0) -> None:
         self.send("master", (P.HELLO, "server", {"address": self.endpoint.address}))
@@ -91,6 +93,12 @@ class Server(Process):
             self.checkpoint(msg[1])
         elif tag == P.RESTORE:
             self.restore(msg[1], msg[2])
+        elif tag == P.PRIORITY_CHECKPOINT:
+            error = self.running_ckpt.error
+            saved, held = self.running_ckpt.save(msg[1], self.shards, msg[2])
+            self.send("master", (P.PRIORITY_SAVED, saved, held, error))
+        elif tag == P.RESTORE_SHARDS:
+            self.restore_lost_shards(msg[1], msg[2], msg[3])
         elif tag == P.DIE:
             os.kill(os.getpid(), msg[1])
         elif tag == P.DRAIN_REFUSED:
@@ -192,6 +200,23 @@ class Server(Process):
                 self.shards[shard] = read_part(root, shard_part(shard), meta)
         except LitzError as exc:
             self.shards = {}
+            self.send("master", (P.RESTORE_FAILED, str(exc)))
+            return
+        self.send("master", (P.RESTORED,))
+
+    def restore_lost_shards(self, source: str, root: str, parts: dict[int, dict | None]) -> None:
+        """SCAR partial recovery: load only the shards of a lost server; everything held here stays."""
+        self.forward.clear()  # the lost server cannot be forwarded to; the new map reaches every worker
+        try:
+            for shard, meta in parts.items():
+                if source == "running":
+                    table = load_running_shard(root, shard)
+                else:
+                    table = read_part(root, shard_part(shard), meta)
+                self.shards[shard] = table
+                self.running_ckpt.saved[shard] = dict(table)
+                self.exported = {ref for ref in self.exported if ref[0] != shard}
+        except LitzError as exc:
             self.send("master", (P.RESTORE_FAILED, str(exc)))
             return
         self.send("master", (P.RESTORED,))

@@ -142,6 +142,13 @@ class Worker(Process):
             self.checkpoint(msg[1])
         elif tag == P.RESTORE:
             self.restore(msg[1], msg[2], msg[3])
+        elif tag == P.RESET_TASKS:
+            executors = dict(self.executors)
+            self.reset()  # in-flight work of the old epoch is gone; the master dispatches it again
+            self.executors.update(executors)
+            self.map_version, self.shardmap = -1, None
+            self.on_shard_map(msg[1][1], list(msg[1][2]), msg[1][3])
+            self.send("master", (P.RESTORED,))
         elif tag == P.DIE:
             os.kill(os.getpid(), msg[1])
         elif tag == P.DRAIN_REFUSED:

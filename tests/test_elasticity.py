@@ -87,7 +87,8 @@ def test_refusals_and_unknowns():
             assert len(res.stderr.strip().splitlines()) == 1
         res = ctl("no-such-job", "status")
         assert res.returncode == 2 and "no running job named 'no-such-job'" in res.stderr
-        assert ctl(name, "stop").returncode == 0
+        res = ctl(name, "stop")
+        assert res.returncode == 0, res.stderr
         stdout, stderr = job.communicate(timeout=30)
         assert job.returncode == 0 and json.loads(stdout) is None, stderr
 

@@ -43,6 +43,10 @@ def _job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-every", type=float, metavar="SECONDS", help="take a checkpoint this often")
     p.add_argument("--checkpoint-keep", type=_positive, default=3, metavar="K", help="keep the last K (default 3)")
     p.add_argument("--resume", metavar="DIR", help="continue the job from the latest complete checkpoint in DIR")
+    p.add_argument("--partial-recovery", action="store_true", help="SCAR: when servers are lost, reload only their "
+                   "shards and keep every other parameter and executor as it is (less rework, not exact)")
+    p.add_argument("--priority-checkpoint", type=float, metavar="R", help="SCAR: every R x --checkpoint-every, "
+                   "save the fraction R of parameters that changed most into a running checkpoint")
 
 
 def _role_options(p: argparse.ArgumentParser, local_home: bool = False) -> None:
@@ -87,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
 def checkpoint_options(args: argparse.Namespace) -> dict:
     """--resume DIR continues from DIR and keeps checkpointing there unless --checkpoint-dir says otherwise."""
     return {"checkpoint_dir": args.checkpoint_dir or args.resume, "checkpoint_every": args.checkpoint_every,
-            "checkpoint_keep": args.checkpoint_keep, "resume": bool(args.resume)}
+            "checkpoint_keep": args.checkpoint_keep, "resume": bool(args.resume),
+            "partial_recovery": args.partial_recovery, "priority_checkpoint": args.priority_checkpoint}
 
 
 def main(argv: list[str] | None = None) -> int:

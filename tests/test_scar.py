@@ -1,0 +1,86 @@
+"""SCAR (thesis ch. 5): partial recovery restores exactly the lost parameters; priority checkpoints keep a
+running checkpoint of the most-changed ones."""
+import json
+import time
+
+import numpy as np
+import pytest
+
+from litz.keys import ShardMap
+from litz.scar import select_priority
+from tests.apps.phases import KEYS
+from tests.helpers import Processes, app_path, status, wait_for
+from tests.test_elasticity import ctl
+
+
+def test_select_priority_picks_the_most_changed():
+    current = {i: np.full(3, float(i)) for i in range(10)}
+    saved = {i: np.full(3, float(i)) for i in range(10)}
+    saved[7] = np.zeros(3)  # moved by 7*sqrt(3)
+    saved[2] = np.zeros(3)  # moved by 2*sqrt(3)
+    assert set(select_priority(current, saved, 0.2)) == {7, 2}
+    assert select_priority(current, {}, 0.1) == [9]  # never saved: distance is the value's norm
+    assert select_priority({}, {}, 0.5) == []
+
+
+def phase(name: str) -> str | None:
+    st = status(name)
+    return st and st["report"].get("phase")
+
+
+def lost_keys(st: dict, server: str) -> set[str]:
+    owners = [""] * st["shards"]
+    for s in st["servers"]:
+        for shard in s["shards"]:
+            owners[shard] = s["id"]
+    shardmap = ShardMap(st["shards"], owners)
+    return {f"{k[0]}{k[1]}" for k in KEYS if owners[shardmap.shard(k)] == server}
+
+
+@pytest.mark.timeout(90)
+def test_partial_recovery_restores_exactly_the_lost_keys(tmp_path):
+    name, out = "scar-partial", tmp_path / "out.json"
+    with Processes() as procs:
+        job = procs.start(["litz", "run", app_path("phases"), "--name", name, "--servers", "2", "--executors", "4",
+                           "--checkpoint-dir", str(tmp_path / "ckpt"), "--partial-recovery", "--output", str(out),
+                           "--no-progress"])
+        wait_for(lambda: phase(name) == "idle1", 30, "the first quiet phase")
+        assert ctl(name, "checkpoint").returncode == 0  # holds every key at 1
+        wait_for(lambda: (s := status(name)) and s["checkpoints"] == 1, 20, "the checkpoint")
+        st = wait_for(lambda: phase(name) == "idle3" and status(name), 30, "the second quiet phase")
+        lost = lost_keys(st, "s1")
+        assert 0 < len(lost) < len(KEYS)
+        assert ctl(name, "kill", "s1").returncode == 0
+        stdout, stderr = job.communicate(timeout=60)
+        assert job.returncode == 0, stderr
+    values = json.loads(stdout)["values"]
+    assert {k for k, v in values.items() if v == 1.0} == lost  # lost keys: back to the checkpoint
+    assert {k for k, v in values.items() if v == 11.0} == set(values) - lost  # the rest: untouched
+    events = json.loads(out.read_text())["events"]
+    partial = [e for e in events if e["kind"] == "partial_recovery"]
+    assert len(partial) == 1 and partial[0]["lost"] == ["s1"] and partial[0]["source"] == "full"
+    assert not [e for e in events if e["kind"] == "recovery"]
+
+
+@pytest.mark.timeout(90)
+def test_priority_checkpoints_feed_partial_recovery(tmp_path):
+    name, out = "scar-priority", tmp_path / "out.json"
+    with Processes() as procs:
+        job = procs.start(["litz", "run", app_path("phases"), "--name", name, "--servers", "2", "--executors", "4",
+                           "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "0.8",
+                           "--priority-checkpoint", "0.25", "--partial-recovery", "--output", str(out),
+                           "--no-progress"])
+        wait_for(lambda: phase(name) == "idle3", 30, "the second quiet phase")
+        # a round every 0.2 s saves a quarter of each server's keys, most-changed first: within 8 rounds of
+        # the quiet phase every key holds its final value 11 in the running checkpoint
+        time.sleep(2.5)
+        assert ctl(name, "kill", "s0").returncode == 0
+        stdout, stderr = job.communicate(timeout=60)
+        assert job.returncode == 0, stderr
+    values = json.loads(stdout)["values"]
+    assert set(values.values()) == {11.0}
+    events = json.loads(out.read_text())["events"]
+    rounds = [e for e in events if e["kind"] == "priority_checkpoint"]
+    assert len(rounds) >= 8 and all(0 < e["keys_saved"] <= max(1, round(0.25 * e["keys"])) + 1 for e in rounds)
+    partial = [e for e in events if e["kind"] == "partial_recovery"]
+    assert len(partial) == 1 and partial[0]["source"] == "running"
