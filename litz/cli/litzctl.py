@@ -101,7 +101,13 @@ def main(argv: list[str] | None = None) -> int:
         request = {k: v for k, v in vars(args).items() if k not in ("etcd", "name", "command")}
         t0 = time.time()
         rid = job.post_request(args.command, request)
-        resp = job.wait_response(rid, REQUEST_TIMEOUT_S)
+        try:
+            resp = job.wait_response(rid, REQUEST_TIMEOUT_S)
+        except LitzError:
+            if args.command == "stop":  # the job ended (its registry entries, our answer too, went with it)
+                print("job stopped")
+                return 0
+            raise
         if resp is None:
             raise LitzError(f"job {args.name!r} did not answer {args.command!r} within {REQUEST_TIMEOUT_S:.0f} s")
         if not resp.get("ok"):
