@@ -14,9 +14,11 @@ from .errors import LitzError
 from .joblog import JobLog
 from .master import Master
 from .membership import Membership
+from .outofcore import parse_bytes
 
 JOB_OPTIONS = {"name", "etcd", "shards", "output", "metrics", "progress", "start_timeout", "home", "checkpoint_dir",
-               "checkpoint_every", "checkpoint_keep", "resume", "partial_recovery", "priority_checkpoint"}
+               "checkpoint_every", "checkpoint_keep", "resume", "partial_recovery", "priority_checkpoint",
+               "memory_limit"}
 
 
 def positive_int(value: Any, what: str) -> int:
@@ -48,14 +50,15 @@ def run_job(app: App, membership: Membership, secret: str, *, config: dict | Non
             on_registered: Callable[[], None] | None = None, on_exit: Callable[[], None] | None = None,
             checkpoint_dir: str | None = None, checkpoint_every: float | None = None, checkpoint_keep: int = 3,
             resume: bool = False, partial_recovery: bool = False, priority_checkpoint: float | None = None,
-            **endpoint: Any) -> Any:
+            memory_limit: int | str | None = None, **endpoint: Any) -> Any:
     """Run the job to ``finish()`` and return its result; every process is told to stop on every way out."""
     joblog = JobLog(metrics, progress=progress)
     master = Master(app, membership, secret, config=dict(config or {}), num_executors=executors, num_shards=shards,
                     min_workers=min_workers, min_servers=min_servers, joblog=joblog, start_timeout=start_timeout,
                     supervise=supervise, spawn=spawn, checkpoint_dir=checkpoint_dir,
                     checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume,
-                    partial_recovery=partial_recovery, priority_checkpoint=priority_checkpoint, **endpoint)
+                    partial_recovery=partial_recovery, priority_checkpoint=priority_checkpoint,
+                    memory_limit=parse_bytes(memory_limit) if memory_limit is not None else None, **endpoint)
     result: Any = None
     try:
         master.register()

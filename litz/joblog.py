@@ -50,11 +50,12 @@ class JobLog:
         self.events.append(ev)
         return ev
 
-    def report(self, metrics: dict, t: float, workers: int, servers: int) -> None:
+    def report(self, metrics: dict, t: float, workers: int, servers: int, memory: dict | None = None) -> None:
         metrics = check_json(metrics, "report() values")
         self.last_report = metrics
         if self._metrics:
-            row = {"t": round(t - self.start, 4), "time": t, **metrics, "workers": workers, "servers": servers}
+            row = {"t": round(t - self.start, 4), "time": t, **metrics, "workers": workers, "servers": servers,
+                   **(memory or {})}
             self._metrics.write(json.dumps(row) + "\n")
 
     def show(self, tasks: int, rate: float, workers: int, servers: int, force: bool = False) -> None:

@@ -25,6 +25,7 @@ from .checkpoint import CheckpointStore
 from .errors import AppError, InputError, LitzError, app_error
 from .joblog import JobLog, check_json
 from .membership import Membership
+from .outofcore import parse_bytes
 from .placement import plan_moves
 from .process import Process
 from .recovery import CorruptCheckpoint, Recovery, warn
@@ -66,7 +67,8 @@ class Master(Process):
                  supervise: Callable[[], list[tuple[str, int, str]]] | None = None,
                  spawn: Callable[[str], Any] | None = None, checkpoint_dir: str | None = None,
                  checkpoint_every: float | None = None, checkpoint_keep: int = 3, resume: bool = False,
-                 partial_recovery: bool = False, priority_checkpoint: float | None = None, **endpoint: Any):
+                 partial_recovery: bool = False, priority_checkpoint: float | None = None,
+                 memory_limit: int | None = None, **endpoint: Any):
         super().__init__("master", membership, secret, **endpoint)
         self.app = app
         self.config = config
@@ -108,6 +110,7 @@ class Master(Process):
         self.recovery = Recovery(self, store, checkpoint_every, partial=partial_recovery,
                                  priority=priority_checkpoint)
         self.inflight_tasks: dict[int, tuple] = {}  # sent and not completed: partial recovery re-sends them
+        self.memory_limit = memory_limit  # per worker, for executor state (out-of-core beyond it)
         self.resume = resume
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -213,6 +216,7 @@ class Master(Process):
         member = self.workers[ident]
         member.first_map = self.map_version
         self.send(ident, (P.APP, self._blob, self.config, self.num_executors))
+        self.send(ident, (P.MEMORY_LIMIT, self.memory_limit))
         self.send(ident, self.map_message())
         self.send(ident, (P.CREATE, executors))
 
@@ -319,6 +323,8 @@ class Master(Process):
             self.recovery.on_restored(sender, None)
         elif tag == P.RESTORE_FAILED:
             self.recovery.on_restored(sender, msg[1])
+        elif tag == P.MEMORY_EVENT:
+            self.joblog.event(msg[1], worker=sender, executor=msg[2], bytes=msg[3], seconds=msg[4])
         elif tag == P.PRIORITY_SAVED:
             self.recovery.on_priority_saved(sender, msg[1], msg[2], msg[3])
         elif tag == P.FAIL:
@@ -408,7 +414,11 @@ class Master(Process):
                 and not self.map_dirty)
 
     def report(self, metrics: dict, t: float) -> None:
-        self.joblog.report(metrics, t, len(self.workers), len(self.servers))
+        memory = {"workers_rss": sum(m.stats.get("rss") or 0 for m in self.workers.values()),
+                  "servers_rss": sum(m.stats.get("rss") or 0 for m in self.servers.values()),
+                  "executor_state_bytes": sum(m.stats.get("state_bytes") or 0 for m in self.workers.values()),
+                  "evicted_executors": sum(len(m.stats.get("evicted") or ()) for m in self.workers.values())}
+        self.joblog.report(metrics, t, len(self.workers), len(self.servers), memory)
 
     def finish(self, result: Any) -> None:
         self.result = check_json(result, "finish() result")
@@ -610,6 +620,12 @@ class Master(Process):
                     message = self.scale(args.get("workers"), args.get("servers"))
                 elif command == "checkpoint":
                     message = self.recovery.request()
+                elif command == "memory-limit":
+                    self.memory_limit = parse_bytes(args["bytes"])
+                    for ident in self.workers:
+                        self.send(ident, (P.MEMORY_LIMIT, self.memory_limit))
+                    self.joblog.event("memory_limit", bytes=self.memory_limit)
+                    message = f"memory limit per worker set to {self.memory_limit:,} bytes"
                 elif command == "kill":
                     ident = args.get("id")
                     if ident not in self.workers and ident not in self.servers:
@@ -653,7 +669,9 @@ class Master(Process):
             "report": self.joblog.last_report,
             "workers": [{"id": m.ident, "pid": m.info.get("pid"), "host": m.info.get("host"), "state": m.state,
                          "address": m.info.get("address"),
-                         "executors": owned.get(m.ident, []), "memory": m.stats.get("rss")}
+                         "executors": owned.get(m.ident, []), "memory": m.stats.get("rss"),
+                         "budget": m.stats.get("budget"), "state_bytes": m.stats.get("state_bytes"),
+                         "evicted": m.stats.get("evicted", [])}
                         for m in self.workers.values()],
             "servers": [{"id": m.ident, "pid": m.info.get("pid"), "host": m.info.get("host"), "state": m.state,
                          "address": m.info.get("address"),

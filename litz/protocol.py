@@ -45,3 +45,7 @@ PRIORITY_CHECKPOINT = "priority_checkpoint"  # master -> server: (PRIORITY_CHECK
 PRIORITY_SAVED = "priority_saved"            # server -> master: (PRIORITY_SAVED, keys_saved, keys_held, error)
 RESTORE_SHARDS = "restore_shards"            # master -> live server: (RESTORE_SHARDS, source, root, {shard: meta})
 RESET_TASKS = "reset_tasks"                  # master -> worker: (RESET_TASKS, shard_map_message) keep executors
+
+# out-of-core (thesis §4.8)
+MEMORY_LIMIT = "memory_limit"  # master -> worker: (MEMORY_LIMIT, bytes or None)
+MEMORY_EVENT = "memory_event"  # worker -> master: (MEMORY_EVENT, kind "evict"|"load", eid, bytes, seconds)

@@ -7,7 +7,7 @@ import time
 
 from .errors import LitzError
 from .membership import Membership, connect_kv
-from .process import die_with_parent
+from .process import die_with_parent, tune_malloc
 
 
 def job_secret(membership: Membership, secret_file: str | None = None) -> str:
@@ -41,6 +41,7 @@ def serve(role: str, name: str, *, etcd: str | None = None, home: str | None = N
     from .server import Server
     from .worker import Worker
 
+    tune_malloc()
     membership = Membership(connect_kv(etcd, home), name)
     membership.wait_master(start_timeout)
     secret = job_secret(membership, secret_file)

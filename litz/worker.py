@@ -24,16 +24,19 @@ from .cache import MISS, ParamCache, UpdateLog
 from .checkpoint import executor_part, read_part, write_part
 from .errors import LitzError, describe_app_exception
 from .keys import ShardMap
+from .outofcore import Residency
 from .process import Process, resident_bytes
 
 RUN_SLICE_S = 0.02  # longest stretch of task execution between two looks at the network
 
 
 class Task:
-    __slots__ = ("tid", "eid", "version", "args", "glet", "result", "signalled", "values", "missing", "gen")
+    __slots__ = ("tid", "eid", "version", "args", "glet", "result", "signalled", "values", "missing", "gen",
+                 "retried")
 
     def __init__(self, tid: int, eid: int, version: int, args: Any, gen: int = 0):
         self.tid, self.eid, self.version, self.args, self.gen = tid, eid, version, args, gen
+        self.retried = False
         self.glet = None
         self.result = None
         self.signalled = False
@@ -75,6 +78,11 @@ class Worker(Process):
         self.map_version = -1
         self.gen = 0  # bumped by a restore: tasks of an older generation are gone
         self.moved_to: dict[int, str] = {}  # executors shipped from here -> where they went
+        self.pending: dict[int, int] = defaultdict(int)  # eid -> tasks queued, waiting for a load, or running
+        self.waiting_load: dict[int, list[Task]] = defaultdict(list)
+        self.residency = Residency(self.ident)
+        self.baseline_rss = resident_bytes()
+        self._next_enforce = 0.0
         self.next_rid = 0
         self.next_fid = 0
         self.running = True
@@ -100,6 +108,11 @@ class Worker(Process):
                 self.flush()
             if self.moving:
                 self.ship_ready_executors()
+            if self.residency.loading:
+                self.finish_loads()
+            if self.residency.budget is not None and time.time() >= self._next_enforce:
+                self._next_enforce = time.time() + 0.02
+                self.enforce_budget()
             if self.drain_requested and not self.retiring and self.leave_on_request():
                 return
             if self.retiring and self.can_retire():
@@ -119,6 +132,11 @@ class Worker(Process):
             for tid, eid, version, args in msg[1]:
                 if eid in self.executors or eid in self.moving:
                     self.runnable.append(Task(tid, eid, version, args, gen))
+                    self.pending[eid] += 1
+                elif eid in self.residency.spilled:
+                    self.waiting_load[eid].append(Task(tid, eid, version, args, gen))
+                    self.pending[eid] += 1
+                    self.prefetch(eid)
                 else:
                     self.misrouted(tid, eid, version, args)
         elif tag == P.VALUES:
@@ -142,10 +160,18 @@ class Worker(Process):
             self.checkpoint(msg[1])
         elif tag == P.RESTORE:
             self.restore(msg[1], msg[2], msg[3])
+        elif tag == P.MEMORY_LIMIT:
+            self.residency.budget = msg[1]
+            if msg[1] is not None:
+                self.enforce_budget()
         elif tag == P.RESET_TASKS:
+            for eid in list(self.residency.spilled):
+                self.load_now(eid)
             executors = dict(self.executors)
             self.reset()  # in-flight work of the old epoch is gone; the master dispatches it again
             self.executors.update(executors)
+            for eid, ex in executors.items():
+                self.residency.add(eid, ex)
             self.map_version, self.shardmap = -1, None
             self.on_shard_map(msg[1][1], list(msg[1][2]), msg[1][3])
             self.send("master", (P.RESTORED,))
@@ -163,8 +189,74 @@ class Worker(Process):
         self.send("master", (P.FAIL, where, text))
 
     def stats(self) -> dict:
-        return {"rss": resident_bytes(), "executors": len(self.executors), "cache_keys": len(self.cache),
-                "tasks_run": self.tasks_run}
+        res = self.residency
+        return {"rss": resident_bytes(), "executors": len(self.executors) + len(res.spilled),
+                "cache_keys": len(self.cache), "tasks_run": self.tasks_run, "budget": res.budget,
+                "state_bytes": res.resident(), "evicted": sorted(res.spilled)}
+
+    # -- out-of-core -----------------------------------------------------------------------------------
+    def memory_event(self, kind: str, eid: int, nbytes: int, seconds: float) -> None:
+        self.send("master", (P.MEMORY_EVENT, kind, eid, nbytes, round(seconds, 6)))
+
+    def evict_idle(self, need: int = 0, everything: bool = False) -> None:
+        """Spill idle executors, least recently used first, until ``need`` more bytes fit in the budget."""
+        res = self.residency
+        res.refresh(self.executors)
+        budget = res.budget
+        for eid in list(res.lru):
+            if not everything and (budget is None or res.resident() + need <= budget):
+                return
+            if self.pending[eid] or eid in self.moving or eid not in self.executors:
+                continue  # a task is queued, waiting or running for it: keep it (thesis §4.8.1)
+            try:
+                nbytes, seconds = res.evict(eid, self.executors[eid])
+            except (OSError, LitzError) as exc:  # disk full or not writable: keep it in memory, nothing lost
+                self.send("master", (P.MEMORY_EVENT, "evict_failed", eid, 0, 0.0))
+                sys.stderr.write(f"litz: worker {self.ident}: cannot spill executor {eid}: {exc}\n")
+                return
+            del self.executors[eid]
+            self.memory_event("evict", eid, nbytes, seconds)
+
+    def enforce_budget(self) -> None:
+        self.evict_idle()
+        budget = self.residency.budget
+        if budget is not None and resident_bytes() - self.baseline_rss > 1.5 * budget + (64 << 20):
+            self.evict_idle(everything=True)  # the process grew beyond what the accounting sees
+
+    def prefetch(self, eid: int) -> None:
+        rec = self.residency.spilled.get(eid)
+        if rec is not None and eid not in self.residency.loading:
+            self.evict_idle(need=rec.nbytes)
+            self.residency.start_load(eid)
+
+    def finish_loads(self) -> None:
+        try:
+            loaded = self.residency.finished_loads()
+        except LitzError as exc:
+            self.fail(f"worker {self.ident}", str(exc))
+            return
+        for eid, state, nbytes, seconds in loaded:
+            self.install(eid, state)
+            self.memory_event("load", eid, nbytes, seconds)
+            self.runnable.extend(self.waiting_load.pop(eid, []))
+
+    def install(self, eid: int, state: Any) -> Executor:
+        ex = self._bind(eid)
+        if hasattr(ex, "__setstate__"):
+            ex.__setstate__(state)
+        else:
+            ex.__dict__.update(state)
+        self.executors[eid] = ex
+        self.residency.add(eid, ex)
+        return ex
+
+    def load_now(self, eid: int) -> None:
+        """Bring a spilled executor back before moving or checkpointing it."""
+        if eid in self.residency.spilled:
+            state, nbytes, seconds = self.residency.load_now(eid)
+            self.install(eid, state)
+            self.memory_event("load", eid, nbytes, seconds)
+            self.runnable.extend(self.waiting_load.pop(eid, []))
 
     def on_shard_map(self, num_shards: int, owners: list[str], version: int) -> None:
         if version <= self.map_version:
@@ -195,15 +287,20 @@ class Worker(Process):
                 self.fail(*describe_app_exception(f"executor {eid} load_input", exc))
                 return
             self.executors[eid] = ex
+            self.residency.add(eid, ex)
             ready.append(eid)
         self.send("master", (P.READY, ready))
+        if self.residency.budget is not None:
+            self.enforce_budget()
 
     def start_move(self, eid: int, dest: str, with_input: bool) -> None:
         """Stop starting tasks of ``eid``; it ships once its started tasks have finished (thesis §4.4)."""
+        self.load_now(eid)
         queued = [t for t in self.runnable if t.eid == eid and t.glet is None]
         if queued:
             self.runnable = deque(t for t in self.runnable if not (t.eid == eid and t.glet is None))
         self.moving[eid] = (dest, with_input, [(t.tid, t.eid, t.version, t.args) for t in queued])
+        self.pending[eid] -= len(queued)
         self.ship_ready_executors()
 
     def misrouted(self, tid: int, eid: int, version: int, args: Any) -> None:
@@ -224,6 +321,7 @@ class Worker(Process):
             state = executor_state(ex, with_input)
             self.send(dest, (P.EXECUTOR, eid, state, buffered, with_input), pickler=cloudpickle)
             self.moved_to[eid] = dest
+            self.residency.remove(eid)
 
     def receive_executor(self, eid: int, state: Any, buffered: list, with_input: bool) -> None:
         ex = self._bind(eid)
@@ -238,15 +336,19 @@ class Worker(Process):
             self.fail(*describe_app_exception(f"executor {eid} load_input after moving", exc))
             return
         self.executors[eid] = ex
+        self.residency.add(eid, ex)
         self.moved_to.pop(eid, None)
         for tid, _, version, args in buffered:
             self.runnable.append(Task(tid, eid, version, args, self.gen))
+            self.pending[eid] += 1
         self.send("master", (P.MOVED, eid, wire.size_of(state)))
 
     # -- checkpoints and recovery --------------------------------------------------------------------
     def checkpoint(self, root: str) -> None:
         """Write every executor (without input data); the master sends this only when no task is running."""
         try:
+            for eid in list(self.residency.spilled):
+                self.load_now(eid)  # the checkpoint needs every executor's state
             parts = {}
             for eid, ex in self.executors.items():
                 rel = executor_part(eid)
@@ -272,6 +374,11 @@ class Worker(Process):
         self.moving.clear()
         self.moved_to.clear()
         self.retiring = False
+        self.pending.clear()
+        self.waiting_load.clear()
+        budget = self.residency.budget
+        self.residency.close()
+        self.residency = Residency(self.ident, budget)
 
     def restore(self, root: str, parts: dict[int, dict], shard_map: tuple) -> None:
         self.reset()
@@ -287,6 +394,7 @@ class Worker(Process):
                 else:
                     ex.__dict__.update(state)
                 self.executors[eid] = ex
+                self.residency.add(eid, ex)
         except LitzError as exc:
             self.send("master", (P.RESTORE_FAILED, str(exc)))
             return
@@ -297,6 +405,10 @@ class Worker(Process):
                 self.fail(*describe_app_exception(f"executor {eid} load_input", exc))
                 return
         self.send("master", (P.RESTORED,))
+
+    def close(self) -> None:
+        self.residency.close()  # spill files go with the worker
+        super().close()
 
     def can_retire(self) -> bool:
         return (not self.executors and not self.moving and not self.runnable and not self.completed
@@ -319,15 +431,27 @@ class Worker(Process):
         self.current = None
 
     def _task_body(self, task: Task) -> None:
-        self.started[task.eid] += 1
+        eid = task.eid
+        self.started[eid] += 1
         try:
-            result = self.executors[task.eid].run_task(task.args)
+            result = self.executors[eid].run_task(task.args)
+        except MemoryError:
+            if task.retried:
+                self.fail(f"executor {eid} run_task", "MemoryError, also after evicting every idle executor")
+                return
+            self.evict_idle(everything=True)  # make room, then run it once more (thesis §4.8.1)
+            task.retried, task.glet = True, None
+            self.pending[eid] += 1
+            self.runnable.append(task)
+            return
         except Exception as exc:
-            self.fail(*describe_app_exception(f"executor {task.eid} run_task", exc))
+            self.fail(*describe_app_exception(f"executor {eid} run_task", exc))
             return
         finally:
             if task.gen == self.gen:  # a task dropped by a restore ends (GreenletExit) after it
-                self.started[task.eid] -= 1
+                self.started[eid] -= 1
+                self.pending[eid] -= 1
+                self.residency.touch(eid)
         self.tasks_run += 1
         self.completed.append((task.tid, task.result if task.signalled else result))
 

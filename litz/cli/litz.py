@@ -43,6 +43,8 @@ def _job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-every", type=float, metavar="SECONDS", help="take a checkpoint this often")
     p.add_argument("--checkpoint-keep", type=_positive, default=3, metavar="K", help="keep the last K (default 3)")
     p.add_argument("--resume", metavar="DIR", help="continue the job from the latest complete checkpoint in DIR")
+    p.add_argument("--memory-limit", metavar="BYTES", help="memory budget per worker for executor state, input "
+                   "data included (e.g. 2G); idle executors beyond it are spilled to local disk and reloaded")
     p.add_argument("--partial-recovery", action="store_true", help="SCAR: when servers are lost, reload only their "
                    "shards and keep every other parameter and executor as it is (less rework, not exact)")
     p.add_argument("--priority-checkpoint", type=float, metavar="R", help="SCAR: every R x --checkpoint-every, "
@@ -88,11 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def checkpoint_options(args: argparse.Namespace) -> dict:
-    """--resume DIR continues from DIR and keeps checkpointing there unless --checkpoint-dir says otherwise."""
+def job_options(args: argparse.Namespace) -> dict:
+    """Job options shared by run and master. --resume DIR continues from DIR and keeps checkpointing there."""
     return {"checkpoint_dir": args.checkpoint_dir or args.resume, "checkpoint_every": args.checkpoint_every,
             "checkpoint_keep": args.checkpoint_keep, "resume": bool(args.resume),
-            "partial_recovery": args.partial_recovery, "priority_checkpoint": args.priority_checkpoint}
+            "partial_recovery": args.partial_recovery, "priority_checkpoint": args.priority_checkpoint,
+            "memory_limit": args.memory_limit}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             import litz
 
             opts = {"output": args.output, "metrics": args.metrics, "progress": not args.no_progress,
-                    "shards": args.shards, **checkpoint_options(args)}
+                    "shards": args.shards, **job_options(args)}
             if args.name:
                 opts["name"] = args.name
             if args.etcd:
@@ -120,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                                 config=parse_config(args.config), shards=args.shards or 0, output=args.output,
                                 metrics=args.metrics, progress=not args.no_progress, min_workers=args.min_workers,
                                 min_servers=args.min_servers, start_timeout=args.start_timeout,
-                                **checkpoint_options(args))
+                                **job_options(args))
             print(json.dumps(result))
             return 0
         from ..roles import serve

@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     kl.add_argument("--after", type=float, default=0.0, metavar="SECONDS", help="delay before the kill")
     kl.add_argument("--signal", type=int, default=9, help="signal to send (default 9, SIGKILL)")
     ml = sub.add_parser("memory-limit", help="change the per-worker memory budget")
-    ml.add_argument("bytes", type=int)
+    ml.add_argument("bytes", help="bytes, or a number with K, M, G (e.g. 512M)")
     pl = sub.add_parser("plot", help="plot progress and processes over time")
     pl.add_argument("out", metavar="OUT.png")
     return p
@@ -56,6 +56,9 @@ def format_status(st: dict) -> str:
     for role, procs, what in (("worker", st["workers"], "executors"), ("server", st["servers"], "shards")):
         for p in procs:
             mem = f"  memory {p['memory'] / 2**20:,.0f} MiB" if p.get("memory") else ""
+            if p.get("budget"):
+                mem += (f"  state {p.get('state_bytes') or 0:,} of budget {p['budget']:,} B"
+                        f"  evicted {p.get('evicted') or []}")
             state = "" if p.get("state", "active") == "active" else f"  ({p['state']})"
             lines.append(f"  {role} {p['id']:>{width}}  pid {p['pid']:>7}  {p.get('address') or p['host']}  "
                          f"{what} {len(p[what])}{mem}{state}")

@@ -1,0 +1,84 @@
+"""Out-of-core execution: a worker memory budget smaller than its executors' state (thesis §4.8)."""
+import json
+import os
+
+import pytest
+
+import litz
+from litz.outofcore import parse_bytes, state_bytes
+from tests.apps.bigstate import expected_state
+from tests.helpers import Processes, app_path, run_cli, status, wait_for
+from tests.test_elasticity import ctl
+
+E, ROUNDS, MB = 8, 6, 4
+
+
+def check_states(result: dict) -> None:
+    for e in range(E):
+        count, total = result["states"][str(e)]
+        want_count, want_total = expected_state(e, ROUNDS)
+        assert count == want_count and total == pytest.approx(want_total, rel=1e-12), e
+
+
+def test_parse_bytes_and_state_bytes():
+    assert parse_bytes("512M") == 512 << 20 and parse_bytes("2G") == 2 << 30 and parse_bytes("1000") == 1000
+    assert parse_bytes("1.5k") == 1536 and parse_bytes(7) == 7
+    with pytest.raises(litz.LitzError):
+        parse_bytes("lots")
+
+    class Obj:
+        pass
+
+    o = Obj()
+    import numpy as np
+
+    o.a, o.b = np.zeros(1000), [np.zeros(10), np.zeros(10)]
+    assert 8160 <= state_bytes(o) < 9000
+
+
+@pytest.mark.timeout(90)
+def test_budget_smaller_than_the_data_evicts_and_keeps_state_exactly(tmp_path, monkeypatch):
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    monkeypatch.setenv("LITZ_SPILL_DIR", str(spill))
+    out = tmp_path / "out.json"
+    budget = 2 * MB << 20  # a quarter of each worker's 4 executors x 4 MiB
+    result = litz.run(app_path("bigstate"), workers=2, servers=1, executors=E, output=str(out),
+                      memory_limit=budget, config={"rounds": ROUNDS, "mb": MB, "inflight": 2})
+    check_states(result)  # evicted and loaded executors kept exactly their state
+    events = json.loads(out.read_text())["events"]
+    evicts = [e for e in events if e["kind"] == "evict"]
+    loads = [e for e in events if e["kind"] == "load"]
+    assert len(evicts) >= E and len(loads) >= E // 2
+    assert all(e["bytes"] >= MB << 20 for e in evicts)  # the input data went to disk too
+    assert os.listdir(spill) == []  # spill directories removed when the workers ended
+
+
+@pytest.mark.timeout(120)
+def test_budget_changed_at_run_time_and_memory_falls(tmp_path, monkeypatch):
+    monkeypatch.setenv("LITZ_SPILL_DIR", str(tmp_path))
+    name, out = "ooc-runtime", tmp_path / "out.json"
+    with Processes() as procs:
+        job = procs.start(["litz", "run", app_path("bigstate"), "--name", name, "--executors", str(E),
+                           "--config", "rounds=400", "mb=16", "inflight=1", "sleep=0.01", "--output", str(out),
+                           "--no-progress"])
+        st = wait_for(lambda: (s := status(name)) and s["tasks_completed"] > 10 and
+                      all(w["memory"] for w in s["workers"]) and s, 60, "the job running")
+        before = max(w["memory"] for w in st["workers"])
+        assert not any(w["evicted"] for w in st["workers"])
+        res = ctl(name, "memory-limit", "16M")
+        assert res.returncode == 0 and "16,777,216" in res.stdout, res.stderr
+        st = wait_for(lambda: (s := status(name)) and all(len(w["evicted"]) >= 2 for w in s["workers"]) and s,
+                      30, "evictions under the new budget")
+        after = wait_for(lambda: (s := status(name)) and max(w["memory"] for w in s["workers"]) < before - (24 << 20)
+                         and max(w["memory"] for w in s["workers"]), 30, "resident memory to fall")
+        assert after < before - (24 << 20)  # 4 x 16 MiB per worker before; at most ~2 resident after
+        assert ctl(name, "stop").returncode == 0
+        job.communicate(timeout=30)
+    assert [e for e in json.loads(out.read_text())["events"] if e["kind"] == "memory_limit"]
+
+
+@pytest.mark.timeout(60)
+def test_bad_memory_limit_is_one_line():
+    res = run_cli(["litz", "run", app_path("noop"), "--memory-limit", "lots", "--no-progress"])
+    assert res.returncode == 2 and "bad memory size 'lots'" in res.stderr
