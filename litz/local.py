@@ -23,8 +23,10 @@ from .security import new_secret
 class LocalProcesses:
     """The child processes of a local job."""
 
-    def __init__(self, name: str, home: str, secret: str, etcd: str | None = None):
+    def __init__(self, name: str, home: str, secret: str, etcd: str | None = None,
+                 server_memory_limit: int | None = None):
         self.name, self.home, self.etcd = name, home, etcd
+        self.server_memory_limit = server_memory_limit
         self.env = {**os.environ, "LITZ_SECRET": secret, "LITZ_PARENT_PID": str(os.getpid())}
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self.reported: set[int] = set()
@@ -34,6 +36,8 @@ class LocalProcesses:
         cmd = [sys.executable, "-m", "litz.cli.litz", role, "--name", self.name, "--home", self.home]
         if self.etcd:
             cmd += ["--etcd", self.etcd]
+        if role == "server" and self.server_memory_limit:
+            cmd += ["--memory-limit", str(self.server_memory_limit)]
         proc = subprocess.Popen(cmd, env=self.env, stdin=subprocess.DEVNULL)
         self.procs.append((role, proc))
         return proc
@@ -74,7 +78,9 @@ def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = No
     Options: ``name``, ``etcd`` (HOST:PORT: register in etcd instead of the local directory), ``shards``,
     ``output`` (result JSON path), ``metrics`` (JSONL path), ``progress`` (default: only when stderr is a
     terminal), ``start_timeout`` (seconds), ``checkpoint_dir``, ``checkpoint_every`` (seconds),
-    ``checkpoint_keep`` (default 3), ``resume`` (continue from the latest checkpoint in ``checkpoint_dir``).
+    ``checkpoint_keep`` (default 3), ``resume`` (continue from the latest checkpoint in ``checkpoint_dir``),
+    ``memory_limit`` / ``server_memory_limit`` (bytes per worker / server; beyond it state is spilled to disk),
+    ``partial_recovery``, ``priority_checkpoint`` (SCAR).
     A lost worker or server is replaced and the job recovers from the latest checkpoint.
     """
     positive_int(workers, "workers")
@@ -90,7 +96,7 @@ def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = No
     name = options.pop("name", None) or default_name(app)
     membership = Membership(connect_kv(etcd, home), name)
     secret = new_secret()
-    children = LocalProcesses(name, home, secret, etcd)
+    children = LocalProcesses(name, home, secret, etcd, options.pop("server_memory_limit", None))
     if options.get("progress") is None:
         options["progress"] = sys.stderr.isatty()
 

@@ -675,7 +675,9 @@ class Master(Process):
                         for m in self.workers.values()],
             "servers": [{"id": m.ident, "pid": m.info.get("pid"), "host": m.info.get("host"), "state": m.state,
                          "address": m.info.get("address"),
-                         "shards": shards.get(m.ident, []), "memory": m.stats.get("rss")}
+                         "shards": shards.get(m.ident, []), "memory": m.stats.get("rss"),
+                         "budget": m.stats.get("budget"), "state_bytes": m.stats.get("state_bytes"),
+                         "evicted": m.stats.get("evicted", [])}
                         for m in self.servers.values()],
         }
 

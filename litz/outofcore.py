@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from collections import OrderedDict
+from collections.abc import MutableMapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -176,3 +177,89 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+class ShardTables(MutableMapping):
+    """A server's shards (shard -> key -> value) under an optional memory budget.
+
+    Over the budget, the least recently used shards are written to a spill directory and dropped; touching
+    one loads it back (on the server's own thread: a request for a spilled shard waits for that read).
+    """
+
+    def __init__(self, owner: str, budget: int | None = None):
+        self._mem: dict[int, dict] = {}
+        self._lru: OrderedDict[int, None] = OrderedDict()
+        self.residency = Residency(owner, budget)
+        self._next_check = 0.0
+
+    @property
+    def budget(self) -> int | None:
+        return self.residency.budget
+
+    @budget.setter
+    def budget(self, value: int | None) -> None:
+        self.residency.budget = value
+
+    def __getitem__(self, shard: int) -> dict:
+        table = self._mem.get(shard)
+        if table is None:
+            if shard not in self.residency.spilled:
+                raise KeyError(shard)
+            table, _, _ = self.residency.load_now(shard)
+            self._mem[shard] = table
+        self._lru[shard] = None
+        self._lru.move_to_end(shard)
+        return table
+
+    def __setitem__(self, shard: int, table: dict) -> None:
+        self.residency.remove(shard)
+        self._mem[shard] = table
+        self._lru[shard] = None
+        self._lru.move_to_end(shard)
+
+    def __delitem__(self, shard: int) -> None:
+        if shard not in self._mem and shard not in self.residency.spilled:
+            raise KeyError(shard)
+        self._mem.pop(shard, None)
+        self._lru.pop(shard, None)
+        self.residency.remove(shard)
+
+    def __iter__(self):
+        return iter(list(self._mem) + [s for s in self.residency.spilled if s not in self._mem])
+
+    def __len__(self) -> int:
+        return len(self._mem) + sum(1 for s in self.residency.spilled if s not in self._mem)
+
+    def __contains__(self, shard: object) -> bool:
+        return shard in self._mem or shard in self.residency.spilled
+
+    def resident_bytes(self) -> int:
+        return sum(_table_bytes(t) for t in self._mem.values())
+
+    def enforce(self) -> list[tuple[int, int, float]]:
+        """Spill least recently used shards until under budget (keeping the most recent); (shard, bytes, s)."""
+        budget = self.residency.budget
+        now = time.time()
+        if budget is None or now < self._next_check:
+            return []
+        self._next_check = now + 0.05
+        sizes = {s: _table_bytes(t) for s, t in self._mem.items()}
+        total = sum(sizes.values())
+        spilled = []
+        for shard in list(self._lru)[:-1]:
+            if total <= budget:
+                break
+            table = self._mem.pop(shard)
+            self._lru.pop(shard)
+            holder = type("Shard", (), {"__getstate__": lambda self, t=table: t})()
+            nbytes, seconds = self.residency.evict(shard, holder)
+            total -= sizes[shard]
+            spilled.append((shard, nbytes, seconds))
+        return spilled
+
+    def close(self) -> None:
+        self.residency.close()
+
+
+def _table_bytes(table: dict) -> int:
+    return sum(v.nbytes if isinstance(v, np.ndarray) else 32 for v in table.values())

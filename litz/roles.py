@@ -33,7 +33,8 @@ def job_secret(membership: Membership, secret_file: str | None = None) -> str:
 
 def serve(role: str, name: str, *, etcd: str | None = None, home: str | None = None,
           secret_file: str | None = None, host: str = "127.0.0.1", bind_host: str | None = None,
-          ident: str | None = None, start_timeout: float = 60.0, port: int = 0) -> None:
+          ident: str | None = None, start_timeout: float = 60.0, port: int = 0,
+          memory_limit: int | None = None) -> None:
     if os.environ.get("LITZ_PARENT_PID"):
         die_with_parent()
         if os.getppid() != int(os.environ["LITZ_PARENT_PID"]):
@@ -52,6 +53,8 @@ def serve(role: str, name: str, *, etcd: str | None = None, home: str | None = N
     ident = ident or membership.allocate_id(role)
     cls = Worker if role == "worker" else Server
     proc = cls(ident, membership, secret, host=host, bind_host=bind_host, port=port)
+    if memory_limit is not None and role == "server":
+        proc.shards.budget = memory_limit
     # SIGTERM (docker stop, Kubernetes without a preStop hook, Slurm preemption): leave gracefully
     signal.signal(signal.SIGTERM, lambda *_: proc.request_drain())
     membership.register(role, ident, {"address": proc.endpoint.address})

@@ -26,6 +26,7 @@ from . import protocol as P
 from .cache import add_into
 from .checkpoint import read_part, shard_part, write_part
 from .errors import LitzError
+from .outofcore import ShardTables
 from .process import Process, resident_bytes
 from .scar import RunningCheckpoint, load_running_shard
 
@@ -35,7 +36,7 @@ class Server(Process):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.shards: dict[int, dict[Hashable, Any]] = {}
+        self.shards = ShardTables(self.ident)  # shard -> key -> value, spilled to disk beyond a budget
         self.forward: dict[int, str] = {}  # shard -> the server it was sent to
         self.exported: set = set()  # (shard, key) of arrays handed to ZeroMQ since their last update
         self.running = True
@@ -52,6 +53,9 @@ class Server(Process):
             if ep.poll(200):
                 for sender, msg in self.receive():
                     self.handle(sender, msg)
+                for shard, nbytes, seconds in self.shards.enforce():
+                    self.exported = {ref for ref in self.exported if ref[0] != shard}
+                    self.send("master", (P.MEMORY_EVENT, "evict_shard", shard, nbytes, round(seconds, 6)))
             if self.drain_requested and self.retire_waiting is None and self.leave_on_request():
                 break
             now = time.time()
@@ -62,8 +66,8 @@ class Server(Process):
                 self.send("master", (P.STATS, self.stats()))
 
     def stats(self) -> dict:
-        nbytes = sum(v.nbytes if isinstance(v, np.ndarray) else 8 for t in self.shards.values() for v in t.values())
-        return {"rss": resident_bytes(), "shard_bytes": nbytes, "keys": sum(len(t) for t in self.shards.values())}
+        return {"rss": resident_bytes(), "state_bytes": self.shards.resident_bytes(), "budget": self.shards.budget,
+                "evicted": sorted(self.shards.residency.spilled)}
 
     def handle(self, sender: str, msg: tuple) -> None:
         tag = msg[0]
@@ -180,6 +184,10 @@ class Server(Process):
         self.send("master", (P.SHARD_MOVED, shard, nbytes))
 
     # -- checkpoints and recovery --------------------------------------------------------------------
+    def close(self) -> None:
+        self.shards.close()  # spill files go with the server
+        super().close()
+
     def checkpoint(self, root: str) -> None:
         """Write every shard held here; the master sends this only when no update is in flight."""
         try:
@@ -193,13 +201,14 @@ class Server(Process):
         self.send("master", (P.CHECKPOINTED, parts))
 
     def restore(self, root: str, parts: dict[int, dict]) -> None:
-        self.shards, self.forward, self.exported = {}, {}, set()
+        self.shards.clear()
+        self.forward, self.exported = {}, set()
         self.retire_waiting, self.fences = None, set()
         try:
             for shard, meta in parts.items():
                 self.shards[shard] = read_part(root, shard_part(shard), meta)
         except LitzError as exc:
-            self.shards = {}
+            self.shards.clear()
             self.send("master", (P.RESTORE_FAILED, str(exc)))
             return
         self.send("master", (P.RESTORED,))

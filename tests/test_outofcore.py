@@ -82,3 +82,45 @@ def test_budget_changed_at_run_time_and_memory_falls(tmp_path, monkeypatch):
 def test_bad_memory_limit_is_one_line():
     res = run_cli(["litz", "run", app_path("noop"), "--memory-limit", "lots", "--no-progress"])
     assert res.returncode == 2 and "bad memory size 'lots'" in res.stderr
+
+
+@pytest.mark.timeout(90)
+def test_server_spills_shards_and_totals_stay_exact(tmp_path, monkeypatch):
+    from tests.apps.wide import expected_sums
+
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    monkeypatch.setenv("LITZ_SPILL_DIR", str(spill))
+    out = tmp_path / "out.json"
+    result = litz.run(app_path("wide"), workers=2, servers=1, executors=4, shards=16, output=str(out),
+                      server_memory_limit=512 << 10, config={"tasks": 300})  # 4 MiB of parameters, 512 KiB budget
+    assert result["sums"] == expected_sums(300)
+    spills = [e for e in json.loads(out.read_text())["events"] if e["kind"] == "evict_shard"]
+    assert len(spills) >= 8
+    assert os.listdir(spill) == []  # the server's spill directory went with it
+
+
+@pytest.mark.timeout(90)
+def test_corrupted_spill_file_is_a_clear_error(tmp_path, monkeypatch):
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    monkeypatch.setenv("LITZ_SPILL_DIR", str(spill))
+    name = "ooc-corrupt"
+    with Processes() as procs:
+        job = procs.start(["litz", "run", app_path("bigstate"), "--name", name, "--executors", str(E),
+                           "--memory-limit", "4M", "--config", "rounds=400", "mb=4", "inflight=1", "sleep=0.05",
+                           "--no-progress"])
+
+        def a_spill_file():
+            files = [os.path.join(d, f) for d, _, fs in os.walk(spill) for f in fs if f.endswith(".pkl")]
+            return files and files[0]
+
+        victim = wait_for(a_spill_file, 60, "a spill file")
+        with open(victim, "r+b") as f:  # same size, one byte flipped: only the checksum can tell
+            f.seek(1 << 20)
+            byte = f.read(1)
+            f.seek(1 << 20)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        _, stderr = job.communicate(timeout=60)
+    assert job.returncode == 1, stderr
+    assert "is corrupted (checksum differs)" in stderr.strip().splitlines()[-1]

@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 
+from ..outofcore import parse_bytes
 from .common import Parser, main_guard, parse_config
 
 DESCRIPTION = """Litz runs elastic machine-learning jobs: a driver dispatches micro-tasks to executors that
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workers", type=_positive, default=2, help="worker processes (default 2)")
     run.add_argument("--servers", type=_positive, default=1, help="server processes (default 1)")
     run.add_argument("--name", help="job name for litzctl (default: APP-PID-TIME)")
+    run.add_argument("--server-memory-limit", metavar="BYTES", help="memory budget per server for its shards")
     run.add_argument("--etcd", metavar="HOST:PORT", help="register every process in this etcd (default: a local "
                      "registry directory, $LITZ_HOME or ~/.litz)")
     master = sub.add_parser("master", help="cluster mode: the job's master",
@@ -87,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "such as a Kubernetes pod name")
         p.add_argument("--start-timeout", type=float, default=600.0,
                        help="seconds to wait for the job's master (default 600)")
+        if role == "server":
+            p.add_argument("--memory-limit", metavar="BYTES", help="memory budget for this server's shards (e.g. "
+                           "1G); the least recently used shards beyond it are spilled to local disk")
     return parser
 
 
@@ -111,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
                 opts["name"] = args.name
             if args.etcd:
                 opts["etcd"] = args.etcd
+            if args.server_memory_limit:
+                opts["server_memory_limit"] = parse_bytes(args.server_memory_limit)
             result = litz.run(args.app, workers=args.workers, servers=args.servers,
                               executors=args.executors, config=parse_config(args.config), **opts)
             print(json.dumps(result))
@@ -129,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         from ..roles import serve
 
         serve(args.command, args.name, etcd=args.etcd, home=args.home, secret_file=args.secret_file,
-              host=args.host, bind_host=args.bind, ident=args.id, start_timeout=args.start_timeout, port=args.port)
+              host=args.host, bind_host=args.bind, ident=args.id, start_timeout=args.start_timeout, port=args.port,
+              memory_limit=parse_bytes(args.memory_limit) if getattr(args, "memory_limit", None) else None)
         return 0
 
     return main_guard("litz", body)
