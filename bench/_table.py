@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 BENCH = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(BENCH, "results")
 README = os.path.join(BENCH, "README.md")
+MAIN_README = os.path.join(os.path.dirname(BENCH), "README.md")  # carries the same table, kept in step
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 HEADER = ("| benchmark | Litz | baseline | ratio | target | met | measured |\n"
           "|---|---|---|---|---|---|---|")
@@ -45,30 +46,38 @@ def _row(name: str, cells: Sequence[object]) -> str:
 
 
 def update_rows(rows: dict[str, Sequence[object]], readme: str = README) -> None:
-    """Replace (or append) the table rows whose first cell is a key of ``rows``; other rows are kept."""
+    """Replace (or append) the table rows whose first cell is a key of ``rows``; other rows are kept.
+
+    Updating bench/README.md updates the copy of the table in the top-level README too."""
     with _locked():
-        text = open(readme).read() if os.path.exists(readme) else ""
-        if BEGIN not in text or END not in text:
-            text = text.rstrip("\n") + f"\n\n{BEGIN}\n{HEADER}\n{END}\n"
-        head, rest = text.split(BEGIN, 1)
-        table, tail = rest.split(END, 1)
-        lines = [ln for ln in table.strip("\n").splitlines() if ln.strip()]
-        if not lines[:2] or not lines[0].startswith("| benchmark"):
-            lines = HEADER.splitlines() + lines
-        pending = dict(rows)
-        out = lines[:2]
-        for ln in lines[2:]:
-            key = ln.strip().strip("|").split("|", 1)[0].strip()
-            if key in pending:
-                out.append(_row(key, pending.pop(key)))
-            else:
-                out.append(ln)
-        out += [_row(k, v) for k, v in pending.items()]
-        new = f"{head}{BEGIN}\n" + "\n".join(out) + f"\n{END}{tail}"
-        tmp = readme + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(new)
-        os.replace(tmp, readme)
+        _update(rows, readme)
+        if readme == README and BEGIN in open(MAIN_README).read():
+            _update(rows, MAIN_README)
+
+
+def _update(rows: dict[str, Sequence[object]], readme: str) -> None:
+    text = open(readme).read() if os.path.exists(readme) else ""
+    if BEGIN not in text or END not in text:
+        text = text.rstrip("\n") + f"\n\n{BEGIN}\n{HEADER}\n{END}\n"
+    head, rest = text.split(BEGIN, 1)
+    table, tail = rest.split(END, 1)
+    lines = [ln for ln in table.strip("\n").splitlines() if ln.strip()]
+    if not lines[:2] or not lines[0].startswith("| benchmark"):
+        lines = HEADER.splitlines() + lines
+    pending = dict(rows)
+    out = lines[:2]
+    for ln in lines[2:]:
+        key = ln.strip().strip("|").split("|", 1)[0].strip()
+        if key in pending:
+            out.append(_row(key, pending.pop(key)))
+        else:
+            out.append(ln)
+    out += [_row(k, v) for k, v in pending.items()]
+    new = f"{head}{BEGIN}\n" + "\n".join(out) + f"\n{END}{tail}"
+    tmp = readme + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(new)
+    os.replace(tmp, readme)
 
 
 def machine() -> dict:
