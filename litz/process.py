@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -73,6 +74,19 @@ class Process:
         self._future: list[tuple[str, int, Any]] = []
         self.drain_requested = False
         self._drain_sent = 0.0
+
+    def handle_lifecycle(self, tag: str, msg: tuple) -> bool:
+        """Messages every worker and server handles alike: stop, refused drain, injected fault."""
+        if tag == P.STOP:
+            self.running = False
+        elif tag == P.DRAIN_REFUSED:
+            sys.stderr.write(f"litz: {self.role} {self.ident}: cannot leave gracefully ({msg[1]}); exiting\n")
+            self.running = False
+        elif tag == P.DIE:
+            os.kill(os.getpid(), msg[1])
+        else:
+            return False
+        return True
 
     def request_drain(self) -> None:
         """Signal-safe: the event loop asks the master to move this process's work away."""

@@ -12,8 +12,6 @@ completes however many hops its items took.
 """
 from __future__ import annotations
 
-import os
-import sys
 import time
 import traceback
 from collections import defaultdict
@@ -103,14 +101,7 @@ class Server(Process):
             self.send("master", (P.PRIORITY_SAVED, saved, held, error))
         elif tag == P.RESTORE_SHARDS:
             self.restore_lost_shards(msg[1], msg[2], msg[3])
-        elif tag == P.DIE:
-            os.kill(os.getpid(), msg[1])
-        elif tag == P.DRAIN_REFUSED:
-            sys.stderr.write(f"litz: {self.role} {self.ident}: cannot leave gracefully ({msg[1]}); exiting\n")
-            self.running = False
-        elif tag == P.STOP:
-            self.running = False
-        else:
+        elif not self.handle_lifecycle(tag, msg):
             self.send("master", (P.FAIL, f"server {self.ident}", f"unexpected message {tag!r}"))
 
     # -- requests ------------------------------------------------------------------------------------

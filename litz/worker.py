@@ -7,7 +7,6 @@ that holds their updates has been flushed to the servers and acknowledged (thesi
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections import defaultdict, deque
@@ -175,14 +174,7 @@ class Worker(Process):
             self.map_version, self.shardmap = -1, None
             self.on_shard_map(msg[1][1], list(msg[1][2]), msg[1][3])
             self.send("master", (P.RESTORED,))
-        elif tag == P.DIE:
-            os.kill(os.getpid(), msg[1])
-        elif tag == P.DRAIN_REFUSED:
-            sys.stderr.write(f"litz: {self.role} {self.ident}: cannot leave gracefully ({msg[1]}); exiting\n")
-            self.running = False
-        elif tag == P.STOP:
-            self.running = False
-        else:
+        elif not self.handle_lifecycle(tag, msg):
             self.fail(f"worker {self.ident}", f"unexpected message {tag!r} from {sender}")
 
     def fail(self, where: str, text: str) -> None:
@@ -324,19 +316,14 @@ class Worker(Process):
             self.residency.remove(eid)
 
     def receive_executor(self, eid: int, state: Any, buffered: list, with_input: bool) -> None:
-        ex = self._bind(eid)
         try:
-            if hasattr(ex, "__setstate__"):
-                ex.__setstate__(state)
-            else:
-                ex.__dict__.update(state)
+            ex = self.install(eid, state)
             if not with_input:
                 ex.load_input()
+                self.residency.add(eid, ex)  # account again, now with its input data
         except Exception as exc:
             self.fail(*describe_app_exception(f"executor {eid} load_input after moving", exc))
             return
-        self.executors[eid] = ex
-        self.residency.add(eid, ex)
         self.moved_to.pop(eid, None)
         for tid, _, version, args in buffered:
             self.runnable.append(Task(tid, eid, version, args, self.gen))
@@ -387,14 +374,7 @@ class Worker(Process):
         self.on_shard_map(shard_map[1], list(shard_map[2]), shard_map[3])
         try:
             for eid, meta in parts.items():
-                state = read_part(root, executor_part(eid), meta)
-                ex = self._bind(eid)
-                if hasattr(ex, "__setstate__"):
-                    ex.__setstate__(state)
-                else:
-                    ex.__dict__.update(state)
-                self.executors[eid] = ex
-                self.residency.add(eid, ex)
+                self.install(eid, read_part(root, executor_part(eid), meta))
         except LitzError as exc:
             self.send("master", (P.RESTORE_FAILED, str(exc)))
             return
