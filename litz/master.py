@@ -32,6 +32,7 @@ from .recovery import CorruptCheckpoint, Recovery, warn
 
 MEMBERSHIP_CHECK_S = 0.5
 STATUS_EVERY_S = 1.0
+HISTORY_SAMPLES = 3600  # an hour of once-a-second samples for litzctl plot
 
 
 class Member:
@@ -111,6 +112,7 @@ class Master(Process):
                                  priority=priority_checkpoint)
         self.inflight_tasks: dict[int, tuple] = {}  # sent and not completed: partial recovery re-sends them
         self.memory_limit = memory_limit  # per worker, for executor state (out-of-core beyond it)
+        self.history: list[dict] = []  # status samples over time, for litzctl plot
         self.resume = resume
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -620,6 +622,10 @@ class Master(Process):
                     message = self.scale(args.get("workers"), args.get("servers"))
                 elif command == "checkpoint":
                     message = self.recovery.request()
+                elif command == "plot":
+                    self.membership.respond(rid, {"ok": True, "message": "history", "history": self.history,
+                                                  "events": self.joblog.events[-1000:], "name": self.membership.job})
+                    continue
                 elif command == "memory-limit":
                     self.memory_limit = parse_bytes(args["bytes"])
                     for ident in self.workers:
@@ -682,7 +688,14 @@ class Master(Process):
         }
 
     def publish_status(self) -> None:
+        st = self.status()
+        self.history.append({
+            "t": st["elapsed_s"], "tasks_completed": st["tasks_completed"], "tasks_per_s": st["tasks_per_s"],
+            "workers": len(st["workers"]), "servers": len(st["servers"]), "report": st["report"],
+            "workers_memory": sum(w["memory"] or 0 for w in st["workers"]),
+            "servers_memory": sum(s["memory"] or 0 for s in st["servers"])})
+        del self.history[:-HISTORY_SAMPLES]
         try:
-            self.membership.put("status", self.status(), leased=True)
+            self.membership.put("status", st, leased=True)
         except Exception:
             pass  # status is advisory; the job goes on

@@ -71,7 +71,7 @@ def test_scale_out_then_in_during_a_job(tmp_path):
 
 
 @pytest.mark.timeout(90)
-def test_refusals_and_unknowns():
+def test_refusals_and_unknowns(tmp_path):
     name = "elastic-refusals"
     with Processes() as procs:
         job = procs.start(["litz", "run", app_path("chains"), "--name", name, "--workers", "1",
@@ -88,6 +88,9 @@ def test_refusals_and_unknowns():
             assert len(res.stderr.strip().splitlines()) == 1
         res = ctl("no-such-job", "status")
         assert res.returncode == 2 and "no running job named 'no-such-job'" in res.stderr
+        png = tmp_path / "job.png"
+        wait_for(lambda: ctl(name, "plot", str(png)).returncode == 0, 30, "litzctl plot")
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
         res = ctl(name, "stop")
         assert res.returncode == 0, res.stderr
         stdout, stderr = job.communicate(timeout=30)

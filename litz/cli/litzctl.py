@@ -115,6 +115,12 @@ def main(argv: list[str] | None = None) -> int:
             raise LitzError(f"job {args.name!r} did not answer {args.command!r} within {REQUEST_TIMEOUT_S:.0f} s")
         if not resp.get("ok"):
             raise LitzError(resp.get("message", "refused"))
+        if args.command == "plot":
+            from .plot import plot_history
+
+            plot_history(resp, args.out)
+            print(f"wrote {args.out}")
+            return 0
         print(resp.get("message", "ok"))
         leaving = resp.get("leaving") or []
         if args.command in ("drain", "scale") and leaving and not args.no_wait:
