@@ -81,6 +81,13 @@ class UpdateLog:
         else:
             self._log[key] = add_into(key, cur, delta, in_place=True)
 
+    def merge(self, other: UpdateLog) -> None:
+        """Add another log's sums into this one (a finished task's staged updates)."""
+        mine = self._log
+        for key, delta in other._log.items():
+            cur = mine.get(key)
+            mine[key] = delta if cur is None else add_into(key, cur, delta, in_place=True)
+
     def take(self) -> dict[Hashable, Any]:
         log, self._log = self._log, {}
         return log

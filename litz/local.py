@@ -19,6 +19,10 @@ from .membership import Membership, connect_kv
 from .membership.membership import litz_home
 from .security import new_secret
 
+# One process per core is the model; BLAS threads in every worker would oversubscribe the cores (small
+# matrix products ran ~50x slower here). A user's own setting in the environment wins.
+ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
 
 class LocalProcesses:
     """The child processes of a local job."""
@@ -27,7 +31,7 @@ class LocalProcesses:
                  server_memory_limit: int | None = None):
         self.name, self.home, self.etcd = name, home, etcd
         self.server_memory_limit = server_memory_limit
-        self.env = {**os.environ, "LITZ_SECRET": secret, "LITZ_PARENT_PID": str(os.getpid())}
+        self.env = {**ONE_BLAS_THREAD, **os.environ, "LITZ_SECRET": secret, "LITZ_PARENT_PID": str(os.getpid())}
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self.reported: set[int] = set()
         self.stopping = False

@@ -168,6 +168,7 @@ class Recovery:
         if self.every:
             self.next_due = time.time() + self.every
         self.master.release_paused()
+        self.master.rebalance("scale_out", [])  # processes that joined while dispatch was held
 
     def abort_in_progress(self) -> None:
         if self.in_progress is not None:

@@ -31,11 +31,12 @@ RUN_SLICE_S = 0.02  # longest stretch of task execution between two looks at the
 
 class Task:
     __slots__ = ("tid", "eid", "version", "args", "glet", "result", "signalled", "values", "missing", "gen",
-                 "retried")
+                 "retried", "updates")
 
     def __init__(self, tid: int, eid: int, version: int, args: Any, gen: int = 0):
         self.tid, self.eid, self.version, self.args, self.gen = tid, eid, version, args, gen
         self.retried = False
+        self.updates: UpdateLog | None = None  # staged until the task succeeds: a failed attempt adds nothing
         self.glet = None
         self.result = None
         self.signalled = False
@@ -420,7 +421,7 @@ class Worker(Process):
                 self.fail(f"executor {eid} run_task", "MemoryError, also after evicting every idle executor")
                 return
             self.evict_idle(everything=True)  # make room, then run it once more (thesis §4.8.1)
-            task.retried, task.glet = True, None
+            task.retried, task.glet, task.updates = True, None, None
             self.pending[eid] += 1
             self.runnable.append(task)
             return
@@ -433,6 +434,8 @@ class Worker(Process):
                 self.pending[eid] -= 1
                 self.residency.touch(eid)
         self.tasks_run += 1
+        if task.updates is not None:
+            self.log.merge(task.updates)
         self.completed.append((task.tid, task.result if task.signalled else result))
 
     def _task(self, what: str) -> Task:
@@ -480,15 +483,16 @@ class Worker(Process):
         fetch.waiters.append((task, index))
 
     def ps_update(self, key: Hashable, delta: Any) -> None:
-        self._task("ps_update")
-        self.shardmap.shard(key)  # a bad key fails here, in the app's own call
-        self.log.add(key, delta)
+        self.ps_update_many(((key, delta),))
 
     def ps_update_many(self, items: Iterable[tuple]) -> None:
-        self._task("ps_update_many")
+        task = self._task("ps_update")
+        if task.updates is None:
+            task.updates = UpdateLog()
+        log, shard = task.updates, self.shardmap.shard
         for key, delta in items:
-            self.shardmap.shard(key)
-            self.log.add(key, delta)
+            shard(key)  # a bad key fails here, in the app's own call
+            log.add(key, delta)
 
     def signal_task_completion(self, result: Any = None) -> None:
         task = self._task("signal_task_completion")

@@ -124,3 +124,45 @@ def test_corrupted_spill_file_is_a_clear_error(tmp_path, monkeypatch):
         _, stderr = job.communicate(timeout=60)
     assert job.returncode == 1, stderr
     assert "is corrupted (checksum differs)" in stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.timeout(60)
+def test_memory_error_retries_the_task_once_and_its_updates_count_once(tmp_path):
+    app = tmp_path / "oom.py"
+    app.write_text('''import litz
+
+
+class D(litz.Driver):
+    def dispatch_initial_tasks(self):
+        self.left = 2 * self.num_executors
+        for e in range(self.num_executors):
+            self.dispatch_task(e, "go")
+
+    def handle_task_completion(self, r):
+        self.left -= 1
+        if self.left == self.num_executors:
+            for e in range(self.num_executors):
+                self.dispatch_task(e, "go")
+        elif self.left == 0:
+            self.dispatch_task(0, "read")
+
+    def handle_task_completion(self, r, _first=handle_task_completion):
+        if r is not None and r[0] == "total":
+            self.finish({"total": r[1], "attempts": r[2]})
+        else:
+            _first(self, r)
+
+
+class E(litz.Executor):
+    def run_task(self, args):
+        if args == "read":
+            return ("total", self.ps_get("x"), self.ps_get("attempts"))
+        self.ps_update("x", 1)
+        self.attempts = getattr(self, "attempts", 0) + 1
+        if self.attempts == 1:
+            raise MemoryError  # the first attempt fails after its update
+        self.ps_update("attempts", 1)
+        return None
+''')
+    result = litz.run(str(app), workers=2, servers=1, executors=4, memory_limit="64M")
+    assert result == {"total": 8, "attempts": 8}  # 8 tasks; the 4 failed attempts' updates were dropped
