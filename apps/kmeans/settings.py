@@ -1,0 +1,138 @@
+"""The k-means app's configuration (``--config key=value``), validated once so a typo is one clear error."""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, fields
+from typing import Any
+
+import litz
+
+DEFAULTS: dict[str, Any] = {
+    "input": None, "synthetic": False,
+    "n": 200_000, "d": 32, "blobs": None, "spread": 1.0,
+    "k": 16, "epochs": 5, "batch": 4096, "seed": 0,
+    "init": "k-means++", "init_sample": 10_000, "init_trials": 3, "init_iters": 10,
+    "staleness": 0, "blocks": None, "output": None,
+}
+INITS = ("k-means++", "random")
+BLOCK_BYTES = 1 << 20  # default parameter-server key size: ~1 MB of centroid rows per key
+
+
+class ConfigError(litz.InputError, ValueError):
+    """A bad --config value for apps.kmeans; shown as one line."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    input: str | None
+    synthetic: bool
+    n: int
+    d: int
+    blobs: int
+    spread: float
+    k: int
+    epochs: int
+    batch: int
+    seed: int
+    init: str
+    init_sample: int
+    init_trials: int
+    init_iters: int
+    staleness: int
+    blocks: int | None
+    output: str | None
+
+    @classmethod
+    def from_config(cls, config: dict | None) -> Settings:
+        """Defaults filled in, types checked; raises :class:`ConfigError` naming the bad key."""
+        config = dict(config or {})
+        unknown = sorted(set(config) - set(DEFAULTS))
+        if unknown:
+            raise ConfigError(f"unknown config key(s) {', '.join(map(repr, unknown))} for apps.kmeans "
+                              f"(known: {', '.join(DEFAULTS)})")
+        v = {**DEFAULTS, **config}
+        out: dict[str, Any] = {
+            "input": _path(v, "input"), "synthetic": _bool(v, "synthetic"),
+            "n": _int(v, "n", 1), "d": _int(v, "d", 1), "blobs": _opt_int(v, "blobs", 1),
+            "spread": _float(v, "spread", 0.0), "k": _int(v, "k", 1), "epochs": _int(v, "epochs", 0),
+            "batch": _int(v, "batch", 1), "seed": _int(v, "seed", 0), "init": _choice(v, "init", INITS),
+            "init_sample": _int(v, "init_sample", 1), "init_trials": _int(v, "init_trials", 1),
+            "init_iters": _int(v, "init_iters", 0), "staleness": _int(v, "staleness", 0),
+            "blocks": _opt_int(v, "blocks", 1), "output": _path(v, "output"),
+        }
+        if out["synthetic"] == (out["input"] is not None):
+            raise ConfigError("apps.kmeans needs exactly one of config 'input' (an N x D .npy file) "
+                              "or 'synthetic=1'")
+        if out["synthetic"]:
+            out["blobs"] = out["blobs"] or out["k"]
+            if out["k"] > out["n"]:
+                raise ConfigError(f"k={out['k']} is larger than the number of points n={out['n']}")
+        assert {f.name for f in fields(cls)} == set(out)
+        return cls(**out)
+
+    def blocks_for(self, d: int) -> int:
+        """Parameter-server keys the k centroid rows are split into: given, or ~1 MB each (at most k)."""
+        if self.blocks is not None:
+            return min(self.blocks, self.k)
+        return max(1, min(self.k, math.ceil(self.k * (d + 1) * 8 / BLOCK_BYTES)))
+
+
+def check_writable(path: str) -> None:
+    """Fail before training, not after, if the centroids cannot be written to ``path`` (driver side only:
+    executors may run on machines without that directory)."""
+    path = os.path.expanduser(path)
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ConfigError(f"config 'output': {path} is a directory, expected a .npy file name")
+    if not os.path.isdir(parent):
+        raise ConfigError(f"config 'output': directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise ConfigError(f"config 'output': directory {parent} is not writable")
+
+
+def _bad(key: str, what: str, value: Any) -> ConfigError:
+    return ConfigError(f"config {key!r} must be {what}, got {value!r}")
+
+
+def _int(v: dict, key: str, low: int) -> int:
+    x = v[key]
+    if isinstance(x, float) and x.is_integer():
+        x = int(x)
+    if isinstance(x, bool) or not isinstance(x, int) or x < low:
+        raise _bad(key, f"an integer >= {low}", x)
+    return x
+
+
+def _opt_int(v: dict, key: str, low: int) -> int | None:
+    return None if v[key] is None else _int(v, key, low)
+
+
+def _float(v: dict, key: str, low: float) -> float:
+    x = v[key]
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < low:
+        raise _bad(key, f"a number >= {low:g}", x)
+    return float(x)
+
+
+def _bool(v: dict, key: str) -> bool:
+    x = v[key]
+    if x in (True, False, 0, 1) or x is None:
+        return bool(x)
+    if isinstance(x, str) and x.lower() in ("true", "false", "yes", "no", "on", "off"):
+        return x.lower() in ("true", "yes", "on")
+    raise _bad(key, "a boolean (0/1)", x)
+
+
+def _choice(v: dict, key: str, choices: tuple[str, ...]) -> str:
+    x = v[key]
+    if x not in choices:
+        raise _bad(key, "one of " + ", ".join(map(repr, choices)), x)
+    return x
+
+
+def _path(v: dict, key: str) -> str | None:
+    x = v[key]
+    if x is None or (isinstance(x, str) and x):
+        return x
+    raise _bad(key, "a file path", x)

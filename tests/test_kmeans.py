@@ -1,0 +1,306 @@
+"""apps.kmeans: mini-batch k-means against scikit-learn, determinism, output file, bad input.
+
+``test_in_process_*`` drive the app's Driver and Executors in this process against a dict parameter server,
+completing tasks in random order. A task reads either the parameter server as of its dispatch (the stalest
+view the consistency rule allows) or as it is when the task runs (the freshest: it may include updates of
+tasks of the same iteration). Executors can be serialised and restored between tasks, as eviction,
+migration and recovery do. ``test_litz_run_*`` run the real thing through ``litz.run`` with real processes.
+"""
+from __future__ import annotations
+
+import json
+import pickle
+import random
+
+import numpy as np
+import pytest
+
+import apps.kmeans as km
+import litz
+from apps.kmeans import data, model
+from apps.kmeans.settings import Settings
+
+# overlapping blobs and more centres than blobs: the optimum is not simply the true centres
+CONFIG = {"synthetic": 1, "n": 40_000, "d": 8, "k": 20, "blobs": 10, "spread": 5.0, "epochs": 5, "batch": 1000}
+
+
+def full_data(config: dict) -> np.ndarray:
+    s = Settings.from_config(config)
+    return data.synthetic_rows(0, s.n, d=s.d, blobs=s.blobs, seed=s.seed, spread=s.spread)
+
+
+def sklearn_objective(config: dict) -> float:
+    from sklearn.cluster import KMeans
+
+    X = full_data(config)
+    return KMeans(config["k"], n_init=3, random_state=0).fit(X).inertia_ / len(X)
+
+
+def rel(a: float, b: float) -> float:
+    return abs(a - b) / abs(b)
+
+
+class InProcess:
+    """A minimal sequential stand-in for the runtime (driver and executor contexts in one object).
+
+    ``view``: "dispatch" reads the parameter server as of the task's dispatch, "run" as of its start.
+    ``roundtrip``: before each task, replace its executor by a copy made from its pickled state, either whole
+    ("evict", as out-of-core eviction does) or without ``input_attrs`` followed by ``load_input()``
+    ("reload", as a move on scale-in or a restore from a checkpoint does).
+    """
+
+    def __init__(self, config: dict, num_executors: int, seed: int = 0, view: str = "dispatch",
+                 roundtrip: str | None = None) -> None:
+        self.rng = random.Random(seed)
+        self.view_mode, self.roundtrip = view, roundtrip
+        self.ps: dict = {}
+        self.queue: list[tuple[int, object, dict]] = []
+        self.reports: list[dict] = []
+        self.result = None
+        self.finished = False
+        self.config, self.num_executors = config, num_executors
+        self.driver = km.KMeansDriver()
+        self.driver.config, self.driver.num_executors, self.driver._litz = config, num_executors, self
+        self.executors = [self._bind(km.KMeansExecutor.__new__(km.KMeansExecutor), e) for e in range(num_executors)]
+        for ex in self.executors:
+            ex.__init__()
+            ex.load_input()
+
+    def _bind(self, ex: km.KMeansExecutor, e: int) -> km.KMeansExecutor:
+        ex.executor_id, ex.num_executors, ex.config, ex._litz = e, self.num_executors, self.config, self
+        return ex
+
+    def _roundtrip(self, ex: km.KMeansExecutor) -> km.KMeansExecutor:
+        state = pickle.loads(pickle.dumps(ex.__getstate__()))
+        if self.roundtrip == "reload":
+            state = {k: v for k, v in state.items() if k not in ex.input_attrs}
+        new = self._bind(km.KMeansExecutor.__new__(km.KMeansExecutor), ex.executor_id)
+        new.__dict__.update(state)
+        if self.roundtrip == "reload":
+            new.load_input()
+        return new
+
+    # driver context
+    def dispatch_task(self, executor: int, args: object) -> None:
+        self.queue.append((executor, args, dict(self.ps)))  # values are replaced, never mutated: a snapshot
+
+    def report(self, metrics: dict, t: float) -> None:
+        self.reports.append(metrics)
+
+    def finish(self, result: object) -> None:
+        self.result, self.finished = result, True
+
+    # executor context
+    def ps_get_many(self, keys: list) -> list:
+        return [self.view.get(k) for k in keys]
+
+    def ps_update_many(self, items) -> None:
+        self.log.extend(items)
+
+    def run(self) -> dict:
+        self.driver.dispatch_initial_tasks()
+        while not self.finished:
+            executor, args, snapshot = self.queue.pop(self.rng.randrange(len(self.queue)))
+            self.view = snapshot if self.view_mode == "dispatch" else self.ps
+            self.log: list = []
+            if self.roundtrip:  # the executor was evicted (or moved) since its last task
+                self.executors[executor] = self._roundtrip(self.executors[executor])
+            result = self.executors[executor].run_task(args)
+            for key, delta in self.log:
+                old = self.ps.get(key)
+                self.ps[key] = np.array(delta, copy=True) if old is None else old + delta
+            self.driver.handle_task_completion(result)
+        assert not self.queue
+        return self.result
+
+
+# ------------------------------------------------------------------------------------------ kernels
+@pytest.mark.timeout(30)
+def test_batch_update_is_sculleys_per_centre_learning_rate() -> None:
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(4, 3)) * 3
+    state = model.initial_model(centers)
+    state[:, -1] += [5, 0, 2, 9]  # counts so far (the initial centre counts as one point)
+    state[:, :-1] = centers * state[:, -1:]
+    X = rng.normal(size=(50, 3)).astype(np.float32) * 3
+    delta, sse = model.batch_delta(X, model.centers_of(state))
+    # Sculley (2010), Algorithm 1: assign the whole batch first, then per point v[c] += 1; c += (x - c) / v[c]
+    c, v = centers.copy(), state[:, -1].copy()
+    labels = np.argmin(((X[:, None, :] - centers[None]) ** 2).sum(-1), axis=1)
+    for x, j in zip(X.astype(np.float64), labels, strict=True):
+        v[j] += 1
+        c[j] += (x - c[j]) / v[j]
+    np.testing.assert_allclose(model.centers_of(state + delta), c, rtol=1e-12)
+    np.testing.assert_array_equal(delta[:, -1], np.bincount(labels, minlength=4))
+    assert sse == pytest.approx(((X - centers[labels]) ** 2).sum(), rel=1e-6)
+
+
+@pytest.mark.timeout(30)
+def test_rows_and_batches_do_not_depend_on_the_partitioning() -> None:
+    kw = dict(d=5, blobs=3, seed=4, spread=1.0)
+    whole = data.synthetic_rows(0, 10_000, **kw)
+    parts = [data.synthetic_rows(*data.block(10_000, 7, e), **kw) for e in range(7)]
+    np.testing.assert_array_equal(np.concatenate(parts), whole)
+    slots = data.batch_of_rows(0, 10_000, 4, 2, 10)
+    np.testing.assert_array_equal(np.concatenate([data.batch_of_rows(*data.block(10_000, 7, e), 4, 2, 10)
+                                                  for e in range(7)]), slots)
+    sizes = np.bincount(slots, minlength=10)
+    assert sizes.sum() == 10_000 and sizes.min() > 850 and sizes.max() < 1150  # ~1000 +- 3 sigma
+    assert not np.array_equal(slots, data.batch_of_rows(0, 10_000, 4, 3, 10))  # a new shuffle per epoch
+
+
+@pytest.mark.timeout(30)
+def test_kmeans_plus_plus_is_deterministic_and_spreads_out() -> None:
+    X = data.synthetic_rows(0, 5000, d=4, blobs=6, seed=1, spread=0.5)
+    a = model.kmeans_plus_plus(X, 6, np.random.default_rng(3))
+    b = model.kmeans_plus_plus(X, 6, np.random.default_rng(3))
+    np.testing.assert_array_equal(a, b)
+    truth = data.blob_centers(4, 6, 1)
+    nearest_true = np.argmin(((a[:, None] - truth[None]) ** 2).sum(-1), axis=1)
+    assert len(set(nearest_true.tolist())) == 6  # one initial centre per blob on well-separated blobs
+
+
+# ------------------------------------------------------------------------------------------ in process
+@pytest.mark.timeout(60)
+def test_in_process_same_objective_for_any_partitioning_view_and_roundtrip() -> None:
+    config = {**CONFIG, "n": 12_000, "epochs": 3, "batch": 500}
+    runs = [InProcess(config, 1).run(),
+            InProcess(config, 3, seed=1, view="run").run(),  # would differ without double-buffering
+            InProcess(config, 8, seed=2, view="run", roundtrip="evict").run(),
+            InProcess(config, 5, seed=3, roundtrip="reload").run()]
+    objectives = [r["objective"] for r in runs]
+    assert max(objectives) - min(objectives) <= 1e-7 * objectives[0], objectives
+    assert all(r["iterations"] == 3 * 24 and r["n"] == 12_000 for r in runs)
+
+
+@pytest.mark.timeout(60)
+def test_in_process_reports_epochs_and_improves_on_the_initial_centres() -> None:
+    config = {**CONFIG, "n": 12_000, "epochs": 4, "batch": 500}
+    runtime = InProcess(config, 3)
+    trained = runtime.run()
+    assert [r["epoch"] for r in runtime.reports] == [1, 2, 3, 4]
+    untrained = InProcess({**config, "epochs": 0}, 3).run()
+    assert untrained["epochs"] == 0 and untrained["iterations"] == 0
+    assert trained["objective"] < untrained["objective"]
+    random_init = InProcess({**config, "init": "random"}, 2).run()
+    assert random_init["objective"] < 1.1 * trained["objective"]
+
+
+@pytest.mark.timeout(60)
+def test_in_process_stale_reads_stay_close() -> None:
+    config = {**CONFIG, "n": 12_000, "epochs": 3, "batch": 500}
+    bsp = InProcess(config, 4).run()["objective"]
+    for staleness in (1, 3):
+        ssp = InProcess({**config, "staleness": staleness}, 4, seed=staleness).run()["objective"]
+        assert rel(ssp, bsp) < 0.01, (staleness, ssp, bsp)
+
+
+# ------------------------------------------------------------------------------------------ real runtime
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("config", [CONFIG, {**CONFIG, "d": 16, "k": 12, "blobs": 12, "spread": 4.0, "seed": 1}],
+                         ids=["20-centres-10-blobs", "12-blobs"])
+def test_litz_run_close_to_sklearn(config: dict) -> None:
+    result = litz.run("apps.kmeans", workers=2, servers=1, config=dict(config))
+    assert result["epochs"] == 5 and result["n"] == 40_000 and result["k"] == config["k"]
+    reference = sklearn_objective(config)
+    assert result["objective"] <= 1.02 * reference, (result, reference)
+    assert result["objective"] >= 0.98 * reference, (result, reference)
+
+
+@pytest.mark.timeout(60)
+def test_litz_run_same_seed_same_objective_for_any_worker_count() -> None:
+    config = {**CONFIG, "n": 12_000, "epochs": 3, "batch": 500}
+    runs = [litz.run("apps.kmeans", workers=1, servers=1, config=config),  # 4 executors
+            litz.run("apps.kmeans", workers=2, servers=1, config=config),  # 8 executors
+            litz.run("apps.kmeans", workers=2, servers=2, executors=3, config=config)]
+    objectives = [r["objective"] for r in runs]
+    assert max(objectives) - min(objectives) <= 1e-7 * objectives[0], objectives
+    again = litz.run("apps.kmeans", workers=2, servers=1, config=config)["objective"]
+    assert rel(again, objectives[0]) <= 1e-7
+    other_seed = litz.run("apps.kmeans", workers=2, servers=1, config={**config, "seed": 5})["objective"]
+    assert other_seed != objectives[0]
+
+
+@pytest.mark.timeout(60)
+def test_litz_run_writes_centroids_and_reports(tmp_path) -> None:
+    out, metrics = tmp_path / "centroids.npy", tmp_path / "metrics.jsonl"
+    config = {**CONFIG, "n": 20_000, "epochs": 3, "output": str(out), "blocks": 3}
+    result = litz.run("apps.kmeans", workers=2, servers=2, config=config, metrics=str(metrics))
+    assert result["output"] == str(out) and result["epochs"] == 3 and result["empty_clusters"] == 0
+    centers = np.load(out)
+    assert centers.shape == (20, 8) and centers.dtype == np.float32
+    X = full_data(config)
+    objective = model.score(X, centers.astype(np.float64))[0] / len(X)
+    assert rel(objective, result["objective"]) < 1e-5
+    epochs = [json.loads(line).get("epoch") for line in metrics.read_text().splitlines()]
+    assert [e for e in epochs if e is not None] == [1, 2, 3]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".kmeans-")]  # no temporary file left
+
+
+@pytest.mark.timeout(60)
+def test_litz_run_stale_synchronous_close_to_bsp() -> None:
+    config = {**CONFIG, "n": 20_000}
+    bsp = litz.run("apps.kmeans", workers=2, servers=1, config=config)["objective"]
+    ssp = litz.run("apps.kmeans", workers=2, servers=1, config={**config, "staleness": 2})["objective"]
+    assert rel(ssp, bsp) < 0.01, (ssp, bsp)
+
+
+@pytest.mark.timeout(60)
+def test_litz_run_npy_input_matches_synthetic(tmp_path) -> None:
+    config = {**CONFIG, "n": 20_000, "epochs": 2}
+    path = tmp_path / "points.npy"
+    np.save(path, full_data(config))
+    synthetic = litz.run("apps.kmeans", workers=2, servers=1, config=config)
+    file_config = {k: v for k, v in config.items() if k not in ("synthetic", "n", "d", "blobs", "spread")}
+    from_file = litz.run("apps.kmeans", workers=1, servers=1, config={**file_config, "input": str(path)})
+    assert from_file["n"] == 20_000 and from_file["d"] == 8
+    assert rel(from_file["objective"], synthetic["objective"]) <= 1e-7
+
+
+@pytest.mark.timeout(60)
+def test_litz_run_builtin_example() -> None:
+    result = litz.run("apps.kmeans", workers=2, servers=1, config={"synthetic": 1})
+    # 16 well-separated blobs with unit variance in 32 dimensions: the optimum is close to d * spread^2 = 32
+    assert result["epochs"] == 5 and result["n"] == 200_000
+    assert 31.8 < result["objective"] < 32.2, result
+
+
+# ------------------------------------------------------------------------------------------ bad input
+def _bad_files(tmp_path) -> dict[str, str]:
+    files = {"int": np.arange(30).reshape(10, 3), "vec": np.zeros(10, np.float32)}
+    with_nan = np.zeros((10, 3), np.float32)
+    with_nan[7, 1] = np.nan
+    files["nan"] = with_nan
+    paths = {}
+    for name, array in files.items():
+        paths[name] = str(tmp_path / f"{name}.npy")
+        np.save(paths[name], array)
+    paths["text"] = str(tmp_path / "text.npy")
+    (tmp_path / "text.npy").write_text("1 2 3\n")
+    paths["ok"] = str(tmp_path / "ok.npy")
+    np.save(paths["ok"], np.ones((100, 3), np.float32))
+    return paths
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("config,message", [
+    ({"input": "{missing}"}, r"missing\.npy: no such file"),
+    ({"input": "{int}"}, r"int\.npy: expected float32 data, got int64"),
+    ({"input": "{vec}"}, r"vec\.npy: expected an N x D array, got shape \(10,\)"),
+    ({"input": "{nan}"}, r"nan\.npy: row 7 has a NaN or infinite value"),
+    ({"input": "{text}"}, r"text\.npy: not a \.npy file"),
+    ({"input": "{ok}", "k": 101}, r"k=101 is larger than the number of points in .*ok\.npy \(n=100\)"),
+    ({"synthetic": 1, "n": 10, "k": 11}, r"k=11 is larger than the number of points n=10"),
+    ({"synthetic": 1, "epoch": 3}, r"unknown config key\(s\) 'epoch'"),
+    ({"synthetic": 1, "batch": 0}, r"'batch' must be an integer >= 1"),
+    ({"synthetic": 1, "output": "{missing_dir}/c.npy"}, r"config 'output': directory .* does not exist"),
+    ({}, r"needs exactly one of config 'input'"),
+], ids=["missing", "int", "vec", "nan", "text", "k>n-file", "k>n-synthetic", "unknown-key", "batch", "output",
+        "no-data"])
+def test_litz_run_bad_input_is_one_clear_error(tmp_path, config: dict, message: str) -> None:
+    paths = {**_bad_files(tmp_path), "missing": str(tmp_path / "missing.npy"),
+             "missing_dir": str(tmp_path / "no-such-dir")}
+    config = {k: v.format(**paths) if isinstance(v, str) else v for k, v in config.items()}
+    with pytest.raises(litz.InputError, match=message) as info:
+        litz.run("apps.kmeans", workers=1, servers=1, config=config)
+    assert "\n" not in str(info.value)
