@@ -31,6 +31,7 @@ from .process import Process
 from .recovery import CorruptCheckpoint, Recovery, warn
 
 MEMBERSHIP_CHECK_S = 0.5
+REQUESTS_CHECK_S = 0.05  # litzctl requests: scale-in latency starts here
 STATUS_EVERY_S = 1.0
 HISTORY_SAMPLES = 3600  # an hour of once-a-second samples for litzctl plot
 
@@ -127,7 +128,7 @@ class Master(Process):
         else:
             self.place_and_create()
             self.start_driver()
-        last_check = last_status = time.time()
+        last_check = last_status = last_requests = time.time()
         ep = self.endpoint
         while not self.finished:
             if ep.poll(100):
@@ -140,8 +141,11 @@ class Master(Process):
             if now - last_check > MEMBERSHIP_CHECK_S:
                 last_check = now
                 self.check_members()
-                self.take_requests()
                 self.inject_faults()
+                self.after_batch()
+            if now - last_requests > REQUESTS_CHECK_S:
+                last_requests = now
+                self.take_requests()
                 self.after_batch()
             if now - last_status > STATUS_EVERY_S:
                 last_status = now
@@ -481,8 +485,9 @@ class Master(Process):
 
     def check_retirements(self) -> None:
         for m in list(self.workers.values()):
-            if (m.state == "draining" and not m.retire_sent and m.ident not in self.executor_owner
-                    and m.ident not in self.moving_executors.values()):
+            # a draining worker exits once it has shipped its executors and flushed its results: it need not
+            # wait for the destinations to re-load input data (that is what makes scale-in release fast)
+            if m.state == "draining" and not m.retire_sent and m.ident not in self.moving_executors.values():
                 m.retire_sent = True
                 self.send(m.ident, (P.RETIRE, []))
         if self.map_dirty:

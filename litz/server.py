@@ -22,7 +22,7 @@ import numpy as np
 
 from . import protocol as P
 from .cache import add_into
-from .checkpoint import read_part, shard_part, write_part
+from .checkpoint import read_part, shard_part, sync_filesystem, write_part
 from .errors import LitzError
 from .outofcore import ShardTables
 from .process import Process, resident_bytes
@@ -185,7 +185,8 @@ class Server(Process):
             parts = {}
             for shard, table in self.shards.items():
                 rel = shard_part(shard)
-                parts[rel] = write_part(root, rel, table)
+                parts[rel] = write_part(root, rel, table, sync=False)
+            sync_filesystem(root)
         except Exception as exc:
             self.send("master", (P.CHECKPOINT_FAILED, f"server {self.ident}: {exc}"))
             return

@@ -20,7 +20,7 @@ from . import protocol as P
 from . import wire
 from .api import Executor
 from .cache import MISS, ParamCache, UpdateLog
-from .checkpoint import executor_part, read_part, write_part
+from .checkpoint import executor_part, read_part, sync_filesystem, write_part
 from .errors import LitzError, describe_app_exception
 from .keys import ShardMap
 from .outofcore import Residency
@@ -340,7 +340,8 @@ class Worker(Process):
             parts = {}
             for eid, ex in self.executors.items():
                 rel = executor_part(eid)
-                parts[rel] = write_part(root, rel, executor_state(ex, with_input=False))
+                parts[rel] = write_part(root, rel, executor_state(ex, with_input=False), sync=False)
+            sync_filesystem(root)
         except Exception as exc:
             self.send("master", (P.CHECKPOINT_FAILED, f"worker {self.ident}: {exc}"))
             return
@@ -369,6 +370,8 @@ class Worker(Process):
         self.residency = Residency(self.ident, budget)
 
     def restore(self, root: str, parts: dict[int, dict], shard_map: tuple) -> None:
+        kept_input = {eid: {a: ex.__dict__[a] for a in ex.input_attrs if a in ex.__dict__}
+                      for eid, ex in self.executors.items() if eid in parts}
         self.reset()
         self.map_version = -1
         self.shardmap = None
@@ -380,6 +383,10 @@ class Worker(Process):
             self.send("master", (P.RESTORE_FAILED, str(exc)))
             return
         for eid, ex in self.executors.items():
+            if kept_input.get(eid) and len(kept_input[eid]) == len(ex.input_attrs):
+                ex.__dict__.update(kept_input[eid])  # input data is read-only by contract: no reload needed
+                self.residency.add(eid, ex)
+                continue
             try:
                 ex.load_input()
             except Exception as exc:
@@ -393,7 +400,7 @@ class Worker(Process):
 
     def can_retire(self) -> bool:
         return (not self.executors and not self.moving and not self.runnable and not self.completed
-                and self.flushing is None)
+                and self.flushing is None and not self.residency.spilled and not self.waiting_load)
 
     # -- micro-tasks ---------------------------------------------------------------------------------
     def run_slice(self) -> None:
