@@ -6,7 +6,13 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any
 
-import litz
+from litz.appconfig import ConfigError
+from litz.appconfig import boolean as _bool
+from litz.appconfig import choice as _choice
+from litz.appconfig import integer as _int
+from litz.appconfig import number as _float
+from litz.appconfig import optional_integer as _opt_int
+from litz.appconfig import path as _path
 
 DEFAULTS: dict[str, Any] = {
     "input": None, "synthetic": False,
@@ -17,10 +23,6 @@ DEFAULTS: dict[str, Any] = {
 }
 INITS = ("k-means++", "random")
 BLOCK_BYTES = 1 << 20  # default parameter-server key size: ~1 MB of centroid rows per key
-
-
-class ConfigError(litz.InputError, ValueError):
-    """A bad --config value for apps.kmeans; shown as one line."""
 
 
 @dataclass(frozen=True)
@@ -91,48 +93,6 @@ def check_writable(path: str) -> None:
         raise ConfigError(f"config 'output': directory {parent} is not writable")
 
 
-def _bad(key: str, what: str, value: Any) -> ConfigError:
-    return ConfigError(f"config {key!r} must be {what}, got {value!r}")
 
 
-def _int(v: dict, key: str, low: int) -> int:
-    x = v[key]
-    if isinstance(x, float) and x.is_integer():
-        x = int(x)
-    if isinstance(x, bool) or not isinstance(x, int) or x < low:
-        raise _bad(key, f"an integer >= {low}", x)
-    return x
 
-
-def _opt_int(v: dict, key: str, low: int) -> int | None:
-    return None if v[key] is None else _int(v, key, low)
-
-
-def _float(v: dict, key: str, low: float) -> float:
-    x = v[key]
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < low:
-        raise _bad(key, f"a number >= {low:g}", x)
-    return float(x)
-
-
-def _bool(v: dict, key: str) -> bool:
-    x = v[key]
-    if x in (True, False, 0, 1) or x is None:
-        return bool(x)
-    if isinstance(x, str) and x.lower() in ("true", "false", "yes", "no", "on", "off"):
-        return x.lower() in ("true", "yes", "on")
-    raise _bad(key, "a boolean (0/1)", x)
-
-
-def _choice(v: dict, key: str, choices: tuple[str, ...]) -> str:
-    x = v[key]
-    if x not in choices:
-        raise _bad(key, "one of " + ", ".join(map(repr, choices)), x)
-    return x
-
-
-def _path(v: dict, key: str) -> str | None:
-    x = v[key]
-    if x is None or (isinstance(x, str) and x):
-        return x
-    raise _bad(key, "a file path", x)

@@ -5,7 +5,12 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-import litz
+from litz.appconfig import ConfigError
+from litz.appconfig import boolean as _bool
+from litz.appconfig import integer as _int
+from litz.appconfig import number as _float
+from litz.appconfig import optional_integer as _opt_int
+from litz.appconfig import path as _path
 
 DEFAULTS: dict[str, Any] = {
     "train": None, "test": None, "synthetic": False,
@@ -16,9 +21,6 @@ DEFAULTS: dict[str, Any] = {
 SYNTHETIC_D, SYNTHETIC_CLASSES = 100, 10
 ITERATION_BATCHES = 8  # default mini-batches per SSP iteration over all executors (see apps/mlr/__init__.py)
 
-
-class ConfigError(litz.InputError, ValueError):
-    """A bad --config value for apps.mlr; shown as one line."""
 
 
 @dataclass(frozen=True)
@@ -77,41 +79,6 @@ class Settings:
         return self.lr / math.sqrt(1.0 + self.decay * epoch)
 
 
-def _bad(key: str, what: str, value: Any) -> ConfigError:
-    return ConfigError(f"config {key!r} must be {what}, got {value!r}")
 
 
-def _int(v: dict, key: str, low: int) -> int:
-    x = v[key]
-    if isinstance(x, float) and x.is_integer():
-        x = int(x)
-    if isinstance(x, bool) or not isinstance(x, int) or x < low:
-        raise _bad(key, f"an integer >= {low}", x)
-    return x
 
-
-def _opt_int(v: dict, key: str, low: int) -> int | None:
-    return None if v[key] is None else _int(v, key, low)
-
-
-def _float(v: dict, key: str, low: float) -> float:
-    x = v[key]
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < low:
-        raise _bad(key, f"a number >= {low:g}", x)
-    return float(x)
-
-
-def _bool(v: dict, key: str) -> bool:
-    x = v[key]
-    if x in (True, False, 0, 1) or x is None:
-        return bool(x)
-    if isinstance(x, str) and x.lower() in ("true", "false", "yes", "no", "on", "off"):
-        return x.lower() in ("true", "yes", "on")
-    raise _bad(key, "a boolean (0/1)", x)
-
-
-def _path(v: dict, key: str) -> str | None:
-    x = v[key]
-    if x is None or (isinstance(x, str) and x):
-        return x
-    raise _bad(key, "a file path", x)
