@@ -1,0 +1,494 @@
+"""Numba kernels of distributed NN-Descent (Dong et al. 2011; thesis §4.7.2). No per-point Python.
+
+An executor owns the points ``lo .. lo + n - 1`` (global ids) and keeps their K-nearest-neighbour lists as
+three ``(n, K)`` arrays that form one bounded max-heap per row: ``ind`` (global id, -1 = empty slot),
+``dist`` (distance, +inf = empty) and ``flag`` (1 = "new": not yet used in a local join). ``dist[i, 0]`` is
+the row's largest distance, the paper's ``d_max``.
+
+Distances are computed from the replicated, read-only data matrix ``X`` (float32), with one of two kernels:
+
+* ``SQEUCLID``: squared euclidean distance (the square root is taken once, for the final lists);
+* ``SHIFTED_DOT``: ``shift - <x, y>``, clamped at 0. ``metric=dot`` uses ``shift = max ||x||^2`` over the
+  data, so every distance is >= 0 and the ranking is the inner product's; ``metric=cosine`` runs on
+  row-normalised data with ``shift = 1``, which is exactly the cosine distance ``1 - cos``.
+
+Records that travel between executors are ``(m, 3)`` int32 arrays; float32 values travel as their bits
+(``view``), so a record array is one homogeneous buffer and additive parameter-server arithmetic on it is
+exact (see :mod:`apps.hdbscan.mailbox`).
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+SQEUCLID, SHIFTED_DOT = 0, 1
+# nogil: the process's lease keep-alive thread must keep running. fastmath: only the flags that let sums be
+# vectorised (reassociation, contraction, no signed zeros), not "no infinities": +inf marks an empty slot.
+NOGIL = dict(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz"})
+
+
+@numba.njit(inline="always")
+def distance(X, a, b, metric, shift):
+    xa, xb = X[a], X[b]
+    s = np.float32(0.0)
+    if metric == SQEUCLID:
+        for t in range(xa.shape[0]):
+            diff = xa[t] - xb[t]
+            s += diff * diff
+        return s
+    for t in range(xa.shape[0]):
+        s += xa[t] * xb[t]
+    s = shift - s
+    return s if s > 0 else np.float32(0.0)
+
+
+@numba.njit(inline="always")
+def heap_push(ind, dist, flag, i, d, j, f):
+    """Insert ``(d, j)`` into row ``i`` if it beats the row's maximum and ``j`` is not there yet: 1 if inserted."""
+    if d >= dist[i, 0]:
+        return 0
+    k = ind.shape[1]
+    for s in range(k):
+        if ind[i, s] == j:
+            return 0
+    pos = 0
+    while True:
+        left = 2 * pos + 1
+        if left >= k:
+            break
+        right = left + 1
+        c = left if (right >= k or dist[i, left] >= dist[i, right]) else right
+        if dist[i, c] > d:
+            ind[i, pos], dist[i, pos], flag[i, pos] = ind[i, c], dist[i, c], flag[i, c]
+            pos = c
+        else:
+            break
+    ind[i, pos], dist[i, pos], flag[i, pos] = j, d, f
+    return 1
+
+
+@numba.njit(inline="always")
+def cand_push(cind, cpri, i, p, j):
+    """Candidate lists are max-heaps on a random priority: the ``C`` lowest priorities are a uniform sample."""
+    if p >= cpri[i, 0]:
+        return
+    c = cind.shape[1]
+    for s in range(c):
+        if cind[i, s] == j:
+            return
+    pos = 0
+    while True:
+        left = 2 * pos + 1
+        if left >= c:
+            break
+        right = left + 1
+        ch = left if (right >= c or cpri[i, left] >= cpri[i, right]) else right
+        if cpri[i, ch] > p:
+            cind[i, pos], cpri[i, pos] = cind[i, ch], cpri[i, ch]
+            pos = ch
+        else:
+            break
+    cind[i, pos], cpri[i, pos] = j, p
+
+
+def empty_heaps(n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return np.full((n, k), -1, np.int32), np.full((n, k), np.inf, np.float32), np.zeros((n, k), np.uint8)
+
+
+# ------------------------------------------------------------------------------------------ RP-tree init
+@numba.njit(**NOGIL)
+def rp_tree(X, metric, leaf_size, seed):
+    """One random-projection tree over all rows of ``X``: ``(order, leaf_starts)``; leaf ``l`` holds
+    ``order[leaf_starts[l]:leaf_starts[l + 1]]``. Each split is the hyperplane halfway between two random
+    points of the node (angular version for the dot kernels); ties and degenerate splits are broken at
+    random, so duplicate points cannot stall it."""
+    np.random.seed(seed)
+    n, dim = X.shape
+    order = np.arange(n).astype(np.int32)
+    side = np.empty(n, np.uint8)
+    stack = np.empty((2 * (n // max(leaf_size, 1)) + 64, 2), np.int64)
+    leaves = np.empty(n + 1, np.int64)
+    nleaves = 0
+    top = 0
+    stack[0, 0], stack[0, 1] = 0, n
+    top = 1
+    normal = np.empty(dim, np.float32)
+    while top > 0:
+        top -= 1
+        lo, hi = stack[top, 0], stack[top, 1]
+        size = hi - lo
+        if size <= leaf_size:
+            leaves[nleaves] = lo
+            nleaves += 1
+            continue
+        a = order[lo + np.random.randint(size)]
+        b = order[lo + np.random.randint(size)]
+        offset = np.float32(0.0)
+        if metric == SQEUCLID:
+            for t in range(dim):
+                normal[t] = X[a, t] - X[b, t]
+                offset -= normal[t] * (X[a, t] + X[b, t]) * np.float32(0.5)
+        else:
+            na = np.float32(0.0)
+            nb = np.float32(0.0)
+            for t in range(dim):
+                na += X[a, t] * X[a, t]
+                nb += X[b, t] * X[b, t]
+            na = np.float32(1.0) / np.sqrt(na) if na > 0 else np.float32(0.0)
+            nb = np.float32(1.0) / np.sqrt(nb) if nb > 0 else np.float32(0.0)
+            for t in range(dim):
+                normal[t] = X[a, t] * na - X[b, t] * nb
+        nleft = 0
+        for s in range(lo, hi):
+            p = order[s]
+            m = offset
+            for t in range(dim):
+                m += normal[t] * X[p, t]
+            if m > 0:
+                side[s - lo] = 0
+            elif m < 0:
+                side[s - lo] = 1
+            else:
+                side[s - lo] = np.random.randint(2)
+            nleft += 1 - side[s - lo]
+        if nleft == 0 or nleft == size:  # degenerate (e.g. duplicates): random halves
+            nleft = 0
+            for s in range(size):
+                side[s] = np.random.randint(2)
+                nleft += 1 - side[s]
+            if nleft == 0 or nleft == size:
+                nleft = size // 2
+                for s in range(size):
+                    side[s] = 0 if s < nleft else 1
+        # stable partition of order[lo:hi] by side
+        tmp = order[lo:hi].copy()
+        w0, w1 = lo, lo + nleft
+        for s in range(size):
+            if side[s] == 0:
+                order[w0] = tmp[s]
+                w0 += 1
+            else:
+                order[w1] = tmp[s]
+                w1 += 1
+        if top + 2 > stack.shape[0]:
+            bigger = np.empty((2 * stack.shape[0], 2), np.int64)
+            bigger[:top] = stack[:top]
+            stack = bigger
+        stack[top, 0], stack[top, 1] = lo, lo + nleft
+        stack[top + 1, 0], stack[top + 1, 1] = lo + nleft, hi
+        top += 2
+    starts = np.sort(leaves[:nleaves])
+    out = np.empty(nleaves + 1, np.int64)
+    out[:nleaves] = starts
+    out[nleaves] = n
+    return order, out
+
+
+@numba.njit(**NOGIL)
+def leaf_init(X, metric, shift, order, leaf_starts, lo, n, ind, dist, flag):
+    """Offer every local point its leaf-mates in one tree (local heaps only: no message)."""
+    pos = np.empty(n, np.int64)
+    leaf_of = np.empty(n, np.int64)
+    for leaf in range(leaf_starts.shape[0] - 1):
+        for s in range(leaf_starts[leaf], leaf_starts[leaf + 1]):
+            g = order[s]
+            if lo <= g < lo + n:
+                pos[g - lo] = s
+                leaf_of[g - lo] = leaf
+    computed = 0
+    for i in range(n):
+        g = lo + i
+        leaf = leaf_of[i]
+        for s in range(leaf_starts[leaf], leaf_starts[leaf + 1]):
+            j = order[s]
+            if j != g:
+                heap_push(ind, dist, flag, i, distance(X, g, j, metric, shift), j, 1)
+                computed += 1
+    return computed
+
+
+@numba.njit(**NOGIL)
+def random_fill(X, metric, shift, lo, n, ind, dist, flag, seed):
+    """Fill empty slots with random points (only rows whose leaves were smaller than K + 1)."""
+    np.random.seed(seed)
+    total = X.shape[0]
+    k = ind.shape[1]
+    for i in range(n):
+        tries = 0
+        while ind[i, 0] < 0 and tries < 4 * k + 16:  # an empty slot sits at the root (dist = +inf)
+            j = np.random.randint(total)
+            tries += 1
+            if j != lo + i:
+                heap_push(ind, dist, flag, i, distance(X, lo + i, j, metric, shift), j, 1)
+
+
+# ------------------------------------------------------------------------------------------ iterations
+@numba.njit(**NOGIL)
+def build_candidates(ind, flag, lo, n, owner, rho, seed, new_ci, new_cp, old_ci, old_cp, rev):
+    """Sample this iteration's candidates: every neighbour ``j`` of local ``i`` is a candidate of ``i`` and
+    ``i`` one of ``j`` (reverse), as "new" or "old" after the slot's flag, with one random priority per pair
+    (pynndescent's scheme); each list keeps the ``C`` lowest priorities. A pair enters only with
+    probability ``rho`` (Dong et al.'s sampling). Reverse entries for remote ``j`` become records
+    ``(j, i * 2 + is_new, priority bits)`` in ``rev``: returns how many."""
+    np.random.seed(seed)
+    new_ci[:] = -1
+    old_ci[:] = -1
+    new_cp[:] = np.inf
+    old_cp[:] = np.inf
+    pri_bits = np.empty(1, np.float32)
+    m = 0
+    k = ind.shape[1]
+    for i in range(n):
+        g = lo + i
+        for s in range(k):
+            j = ind[i, s]
+            if j < 0:
+                continue
+            p = np.float32(np.random.random())
+            if p >= rho:
+                continue
+            isnew = flag[i, s]
+            if isnew:
+                cand_push(new_ci, new_cp, i, p, j)
+            else:
+                cand_push(old_ci, old_cp, i, p, j)
+            if lo <= j < lo + n:
+                if isnew:
+                    cand_push(new_ci, new_cp, j - lo, p, g)
+                else:
+                    cand_push(old_ci, old_cp, j - lo, p, g)
+            else:
+                pri_bits[0] = p
+                rev[m, 0] = j
+                rev[m, 1] = g * 2 + isnew
+                rev[m, 2] = pri_bits.view(np.int32)[0]
+                m += 1
+    return m
+
+
+@numba.njit(**NOGIL)
+def merge_reverse(rec, new_ci, new_cp, old_ci, old_cp, ind, flag):
+    """Add the reverse candidates received (``(local i, j * 2 + is_new, priority bits)``), then mark as
+    old every neighbour slot whose point made it into the new-candidate sample (it is joined now)."""
+    bits = np.empty(1, np.int32)
+    for r in range(rec.shape[0]):
+        i = rec[r, 0]
+        j = rec[r, 1] >> 1
+        bits[0] = rec[r, 2]
+        p = bits.view(np.float32)[0]
+        if rec[r, 1] & 1:
+            cand_push(new_ci, new_cp, i, p, j)
+        else:
+            cand_push(old_ci, old_cp, i, p, j)
+    n, k = ind.shape
+    c = new_ci.shape[1]
+    for i in range(n):
+        for s in range(k):
+            if flag[i, s]:
+                j = ind[i, s]
+                for t in range(c):
+                    if new_ci[i, t] == j:
+                        flag[i, s] = 0
+                        break
+
+
+@numba.njit(**NOGIL)
+def local_join(X, metric, shift, lo, n, ind, dist, flag, new_ci, old_ci, thresholds, use_filter, start, out,
+               stats):
+    """NN-Descent's local join for local points ``start ..``: every new-new and new-old candidate pair
+    ``(u, v)`` is compared and offered to both ends. An offer to a local point goes straight into its heap.
+    An offer ``(x, y, d)`` to a remote ``x`` is written to ``out`` (float64 rows), unless ``use_filter`` and
+    ``d >= thresholds[x]`` (``d_max(x)`` as published at the start of the iteration): then it is dropped
+    before sending. Stops before ``out`` could overflow; returns ``(next point, rows written)``. ``stats``
+    accumulates: local updates accepted, distances computed, remote offers generated, remote offers dropped."""
+    c = new_ci.shape[1]
+    per_point = 2 * (c * c + c * c)
+    hi = lo + n
+    m = 0
+    accepted = computed = generated = dropped = 0
+    i = start
+    while i < n:
+        if m + per_point > out.shape[0]:
+            break
+        for a in range(c):
+            u = new_ci[i, a]
+            if u < 0:
+                continue
+            for b in range(a + 1, 2 * c):
+                v = new_ci[i, b] if b < c else old_ci[i, b - c]
+                if v < 0 or v == u:
+                    continue
+                d = distance(X, u, v, metric, shift)
+                computed += 1
+                for side in range(2):
+                    x, y = (u, v) if side == 0 else (v, u)
+                    if lo <= x < hi:
+                        accepted += heap_push(ind, dist, flag, x - lo, d, y, 1)
+                    else:
+                        generated += 1
+                        if use_filter and d >= thresholds[x]:
+                            dropped += 1
+                        else:
+                            out[m, 0] = x
+                            out[m, 1] = y
+                            out[m, 2] = d
+                            m += 1
+        i += 1
+    stats[0] += accepted
+    stats[1] += computed
+    stats[2] += generated
+    stats[3] += dropped
+    return i, m
+
+
+@numba.njit(**NOGIL)
+def pack_updates(buf, m, owner, starts, num_owners, keep):
+    """Group offers ``buf[:m]`` (``(x, y, d)``) by target ``x`` (a counting sort: targets of one owner are one
+    block of ids, so this also groups them by owner) into one int32 record array ``(x - start[owner], y,
+    d bits)``. Per target, keep only the ``keep`` smallest distances (the target cannot accept more than
+    that from one batch) and no repeated ``y``. Returns ``(records, counts per owner)``."""
+    total = owner.shape[0]
+    first = np.zeros(total + 1, np.int64)
+    for r in range(m):
+        first[np.int64(buf[r, 0]) + 1] += 1
+    for x in range(total):
+        first[x + 1] += first[x]
+    fill = first[:total].copy()
+    by_target = np.empty(m, np.int64)
+    for r in range(m):
+        x = np.int64(buf[r, 0])
+        by_target[fill[x]] = r
+        fill[x] += 1
+    rec = np.empty((min(m, total * keep), 3), np.int32)
+    counts = np.zeros(num_owners, np.int64)
+    dbits = np.empty(1, np.float32)
+    w = 0
+    for x in range(total):
+        lo, hi = first[x], first[x + 1]
+        if lo == hi:
+            continue
+        for a in range(lo + 1, hi):  # insertion sort of the group by distance (groups are small)
+            q = by_target[a]
+            b = a - 1
+            while b >= lo and buf[by_target[b], 2] > buf[q, 2]:
+                by_target[b + 1] = by_target[b]
+                b -= 1
+            by_target[b + 1] = q
+        o = owner[x]
+        start = w
+        for a in range(lo, hi):
+            if w - start >= keep:
+                break
+            q = by_target[a]
+            y = np.int32(buf[q, 1])
+            dup = False
+            for t in range(start, w):
+                if rec[t, 1] == y:
+                    dup = True
+                    break
+            if dup:
+                continue
+            rec[w, 0] = x - starts[o]
+            rec[w, 1] = y
+            dbits[0] = np.float32(buf[q, 2])
+            rec[w, 2] = dbits.view(np.int32)[0]
+            w += 1
+        counts[o] += w - start
+    return rec[:w], counts
+
+
+@numba.njit(**NOGIL)
+def pack_reverse(rev, m, owner, starts, num_owners):
+    """Group reverse records ``rev[:m]`` by the owner of their target; targets become local indices."""
+    counts = np.zeros(num_owners, np.int64)
+    for r in range(m):
+        counts[owner[rev[r, 0]]] += 1
+    offsets = np.zeros(num_owners + 1, np.int64)
+    for o in range(num_owners):
+        offsets[o + 1] = offsets[o] + counts[o]
+    rec = np.empty((offsets[num_owners], 3), np.int32)
+    fill = offsets[:num_owners].copy()
+    for r in range(m):
+        o = owner[rev[r, 0]]
+        w = fill[o]
+        rec[w, 0] = rev[r, 0] - starts[o]
+        rec[w, 1] = rev[r, 1]
+        rec[w, 2] = rev[r, 2]
+        fill[o] += 1
+    return rec, counts
+
+
+@numba.njit(**NOGIL)
+def apply_updates(rec, ind, dist, flag):
+    """Apply received ``(local x, y, d bits)`` records to the heaps; returns how many were accepted."""
+    bits = np.empty(1, np.int32)
+    accepted = 0
+    for r in range(rec.shape[0]):
+        bits[0] = rec[r, 2]
+        accepted += heap_push(ind, dist, flag, rec[r, 0], bits.view(np.float32)[0], rec[r, 1], 1)
+    return accepted
+
+
+# ------------------------------------------------------------------------------------------ results
+@numba.njit(**NOGIL)
+def sorted_lists(ind, dist, sqrt):
+    """Rows sorted by distance (ascending), as float32 real distances (square root for euclidean)."""
+    n, k = ind.shape
+    oi = ind.copy()
+    od = dist.copy()
+    for i in range(n):
+        for a in range(1, k):  # insertion sort: K is small
+            dv, iv = od[i, a], oi[i, a]
+            b = a - 1
+            while b >= 0 and od[i, b] > dv:
+                od[i, b + 1], oi[i, b + 1] = od[i, b], oi[i, b]
+                b -= 1
+            od[i, b + 1], oi[i, b + 1] = dv, iv
+        if sqrt:
+            for a in range(k):
+                od[i, a] = np.sqrt(od[i, a])
+    return oi, od
+
+
+@numba.njit(**NOGIL)
+def exact_kth(X, metric, shift, queries, k):
+    """Exact distance of each query point (global id) to its k-th nearest other point (brute force)."""
+    n = X.shape[0]
+    out = np.empty(queries.shape[0], np.float32)
+    heap = np.empty(k, np.float32)
+    for qi in range(queries.shape[0]):
+        q = queries[qi]
+        heap[:] = np.inf
+        for j in range(n):
+            if j == q:
+                continue
+            d = distance(X, q, j, metric, shift)
+            if d < heap[0]:  # max-heap of the k smallest
+                pos = 0
+                while True:
+                    left = 2 * pos + 1
+                    if left >= k:
+                        break
+                    right = left + 1
+                    c = left if (right >= k or heap[left] >= heap[right]) else right
+                    if heap[c] > d:
+                        heap[pos] = heap[c]
+                        pos = c
+                    else:
+                        break
+                heap[pos] = d
+        out[qi] = heap[0]
+    return out
+
+
+def knn_edges(ind: np.ndarray, dist: np.ndarray, core: np.ndarray, lo: int, core_all: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The local rows of the kNN graph with mutual-reachability weights ``max(core_x, core_y, d(x, y))``."""
+    n, k = ind.shape
+    src = np.repeat(np.arange(lo, lo + n, dtype=np.int32), k)
+    dst = ind.reshape(-1)
+    w = dist.reshape(-1)
+    ok = dst >= 0
+    src, dst, w = src[ok], dst[ok], w[ok]
+    w = np.maximum(w, np.maximum(core_all[src], core_all[dst]))
+    return src, dst.astype(np.int32), w.astype(np.float32)

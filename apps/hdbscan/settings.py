@@ -1,0 +1,170 @@
+"""The HDBSCAN app's configuration (``--config key=value``), validated once so a typo is one clear error."""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, fields
+from typing import Any
+
+import litz
+
+DEFAULTS: dict[str, Any] = {
+    "input": None, "output": None, "synthetic": False,
+    "n": 100_000, "d": 10, "clusters": 1000, "noise": 0.2, "cluster_std": 1.0, "box": 100.0,
+    "k": None, "min_cluster_size": 5, "min_samples": None, "max_cluster_size": 0, "metric": "euclidean", "seed": 0,
+    "check_recall": False, "recall_sample": 1000,
+    "max_iters": 30, "delta": 0.001, "max_candidates": None, "rho": 1.0, "rp_trees": None, "leaf_size": None,
+    "dmax_filter": True, "partition": "tree", "mst": "auto", "mst_memory": 2 << 30,
+}
+METRICS = ("euclidean", "cosine", "dot")
+MST_METHODS = ("auto", "kruskal", "boruvka")
+PARTITIONS = ("tree", "block")
+DEFAULT_K = 15
+EDGE_BYTES = 20  # Kruskal's memory per kNN-graph edge: (u, v, w) plus its sort index
+
+
+class ConfigError(litz.InputError, ValueError):
+    """A bad --config value for apps.hdbscan; shown as one line."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    input: str | None
+    output: str | None
+    synthetic: bool
+    n: int
+    d: int
+    clusters: int
+    noise: float
+    cluster_std: float
+    box: float
+    k: int
+    min_cluster_size: int
+    min_samples: int
+    max_cluster_size: int
+    metric: str
+    seed: int
+    check_recall: bool
+    recall_sample: int
+    max_iters: int
+    delta: float
+    max_candidates: int
+    rho: float
+    rp_trees: int | None
+    leaf_size: int | None
+    dmax_filter: bool
+    partition: str
+    mst: str
+    mst_memory: int
+
+    @classmethod
+    def from_config(cls, config: dict | None) -> Settings:
+        """Defaults filled in, types checked; raises ConfigError naming the bad key."""
+        config = dict(config or {})
+        unknown = sorted(set(config) - set(DEFAULTS))
+        if unknown:
+            raise ConfigError(f"unknown config key(s) {', '.join(map(repr, unknown))} for apps.hdbscan "
+                              f"(known: {', '.join(DEFAULTS)})")
+        v = {**DEFAULTS, **config}
+        out: dict[str, Any] = {
+            "input": _path(v, "input"), "output": _path(v, "output"), "synthetic": _bool(v, "synthetic"),
+            "n": _int(v, "n", 2), "d": _int(v, "d", 1), "clusters": _int(v, "clusters", 1),
+            "noise": _float(v, "noise", 0.0, 1.0), "cluster_std": _float(v, "cluster_std", 0.0),
+            "box": _float(v, "box", 0.0), "k": _opt_int(v, "k", 1),
+            "min_cluster_size": _int(v, "min_cluster_size", 2), "min_samples": _opt_int(v, "min_samples", 1),
+            "max_cluster_size": _int(v, "max_cluster_size", 0), "metric": _choice(v, "metric", METRICS),
+            "seed": _int(v, "seed", 0), "check_recall": _bool(v, "check_recall"),
+            "recall_sample": _int(v, "recall_sample", 1), "max_iters": _int(v, "max_iters", 0),
+            "delta": _float(v, "delta", 0.0), "max_candidates": _opt_int(v, "max_candidates", 1),
+            "rho": _float(v, "rho", 0.0, 1.0), "rp_trees": _opt_int(v, "rp_trees", 0),
+            "leaf_size": _opt_int(v, "leaf_size", 2), "dmax_filter": _bool(v, "dmax_filter"),
+            "partition": _choice(v, "partition", PARTITIONS),
+            "mst": _choice(v, "mst", MST_METHODS), "mst_memory": _int(v, "mst_memory", 0),
+        }
+        if out["synthetic"] == (out["input"] is not None):
+            raise ConfigError("apps.hdbscan needs exactly one of config 'input' (an N x D .npy or .csv file) "
+                              "or 'synthetic=1'")
+        if out["rho"] == 0:
+            raise ConfigError("config 'rho' must be in (0, 1], got 0")
+        if out["min_samples"] is None:
+            out["min_samples"] = out["min_cluster_size"]
+        if out["k"] is None:  # 15 neighbours, or more when the core distance needs them
+            out["k"] = max(DEFAULT_K, out["min_samples"])
+        if out["min_samples"] > out["k"]:
+            raise ConfigError(f"config 'min_samples' ({out['min_samples']}) must be at most 'k' ({out['k']}): "
+                              f"the core distance is the distance to the min_samples-th of the k neighbours")
+        if out["max_candidates"] is None:
+            out["max_candidates"] = out["k"]
+        assert {f.name for f in fields(cls)} == set(out)
+        return cls(**out)
+
+    def output_path(self) -> str | None:
+        """Where the driver writes the labels (checked up front: the folder must exist)."""
+        if self.output is None:
+            return None
+        path = os.path.abspath(os.path.expanduser(self.output))
+        if not os.path.isdir(os.path.dirname(path)):
+            raise ConfigError(f"config 'output': folder {os.path.dirname(path)} does not exist")
+        return path
+
+    def trees(self, n: int) -> int:
+        """Random-projection trees for the initial graph: given, or about pynndescent's count / 1.5 (max 12)."""
+        if self.rp_trees is not None:
+            return self.rp_trees
+        return max(3, min(12, round(n ** 0.25 / 1.5)))  # 8 at 20 000 points, 10 at 50 000, 12 from 100 000
+
+    def leaf(self) -> int:
+        return self.leaf_size or max(2 * self.k, 20)
+
+    def use_kruskal(self, n: int) -> bool:
+        if self.mst != "auto":
+            return self.mst == "kruskal"
+        return n * self.k * EDGE_BYTES <= self.mst_memory
+
+
+def _bad(key: str, what: str, value: Any) -> ConfigError:
+    return ConfigError(f"config {key!r} must be {what}, got {value!r}")
+
+
+def _int(v: dict, key: str, low: int) -> int:
+    x = v[key]
+    if isinstance(x, float) and x.is_integer():
+        x = int(x)
+    if isinstance(x, bool) or not isinstance(x, int) or x < low:
+        raise _bad(key, f"an integer >= {low}", x)
+    return x
+
+
+def _opt_int(v: dict, key: str, low: int) -> int | None:
+    return None if v[key] is None else _int(v, key, low)
+
+
+def _float(v: dict, key: str, low: float, high: float = math.inf) -> float:
+    x = v[key]
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or not low <= x <= high:
+        what = f"a number in [{low:g}, {high:g}]" if high < math.inf else f"a number >= {low:g}"
+        raise _bad(key, what, x)
+    return float(x)
+
+
+def _bool(v: dict, key: str) -> bool:
+    x = v[key]
+    if x in (True, False, 0, 1) or x is None:
+        return bool(x)
+    if isinstance(x, str) and x.lower() in ("true", "false", "yes", "no", "on", "off"):
+        return x.lower() in ("true", "yes", "on")
+    raise _bad(key, "a boolean (0/1)", x)
+
+
+def _choice(v: dict, key: str, options: tuple[str, ...]) -> str:
+    x = v[key]
+    if isinstance(x, str) and x.lower() in options:
+        return x.lower()
+    raise _bad(key, "one of " + ", ".join(options), x)
+
+
+def _path(v: dict, key: str) -> str | None:
+    x = v[key]
+    if x is None or (isinstance(x, str) and x):
+        return x
+    raise _bad(key, "a file path", x)

@@ -1,0 +1,515 @@
+"""Latent Dirichlet allocation by block-scheduled collapsed Gibbs sampling (thesis §2.2.3 and §4.5, after
+Strads' LDA, Kim et al. EuroSys'16).
+
+Run: ``litz run apps.lda --config synthetic=1`` (see README.md in this directory for every key).
+
+**Model scheduling with stateful executors.** Executor ``e`` owns a contiguous range of documents (balanced
+by tokens): their topic assignments ``z`` and document-topic counts ``ndk`` live in the executor, as state
+(not ``input_attrs``), so they move with it and are checkpointed. The word-topic counts live in the
+parameter server, split by vocabulary into ``B`` blocks (key ``("wt", b)``: int32, words-of-the-block x K;
+words are dealt to blocks by frequency so the blocks hold about equal numbers of tokens). In round ``r``
+executor ``e`` samples the tokens of its documents whose word is in block ``(e + r) mod B``. ``B`` rounds
+make an epoch, one sweep over every token.
+
+**The schedule.** Each block has a fixed order of holders: (round, executor) in lexicographic order. The
+driver dispatches executor ``e``'s round ``r`` only when (1) its round ``r - 1`` has completed and (2) the
+previous holder of the block has completed. By the consistency rule the task then reads the block with
+every earlier update, and no two executors ever hold a block at once. There is no barrier between rounds
+or epochs: each executor moves on as soon as its next block is free (a pipeline, as in Strads' ring). With
+``B < E`` executors sharing a block in a round take turns; with ``B > E`` some blocks rest each round.
+
+**Topic totals** ``n_k`` (key ``("totals",)``, int64 [K]) are shared with bounded staleness: a task reads
+them once at its start (its version guarantees every update of every task completed before its dispatch),
+keeps its own changes locally while sampling, and adds its net change at the end. So a task misses at most
+the changes of the tasks running concurrently with it: one round's worth.
+
+**Checks the driver makes.** Every task adds 1 to ``("hold", b)`` and returns the value it read; the
+holders of a block must read 0, 1, 2, ... in completion order (an overlap or a lost update would show a
+repeated or skipped value), and the driver also checks its own dispatch/completion intervals per block.
+Executors check that rounds arrive in order (a task run twice or lost after a migration would show).
+With ``check_counts=1`` each epoch ends with a barrier and two check rounds: every executor adds the
+word-topic counts recomputed from its ``z`` into ``("zc", b)`` and checks its ``ndk`` against ``z``, then
+the block's checker compares ``("wt", b)`` with ``("zc", b)``, resets ``("zc", b)`` and returns the sums;
+the driver checks that the counts sum to the number of tokens and that the totals equal the blocks' column
+sums.
+
+**Log-likelihood** (the standard collapsed joint ``log p(w, z | α, β)``) is computed without a barrier:
+an executor's last round of an epoch returns its documents' part, the last holder of a block in an epoch
+returns the block's word part and column sums (= that block's share of the final topic totals), and the
+driver adds them up once every task of the epoch has completed.
+
+Protocol (task arguments -> result dicts, all with ``kind``):
+ * ``("init",)`` -> random ``z``, counts pushed to the server, kernels compiled; sizes.
+ * ``("sample", round, block, ll_doc, ll_word)`` -> hold value read, tokens, seconds, optional LL parts.
+ * ``("check", epoch)``, ``("check2", epoch)`` -> the counts invariant (``check_counts=1``).
+ * ``("final",)`` -> top words per topic of the executor's blocks (and the full counts if needed).
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+import litz
+
+from . import data, kernels
+from .settings import Settings
+
+
+# --------------------------------------------------------------------------------------------- executor
+class LDAExecutor(litz.Executor):
+    """Owns a range of documents: the token layout (input), ``z`` and ``ndk`` (state)."""
+
+    input_attrs = ("settings", "layout", "blocks", "doc_lo", "num_docs", "num_words", "total_tokens")
+    z: np.ndarray | None = None  # topic of each token, in layout order (int16): the executor's state
+    ndk: np.ndarray | None = None  # doc-topic counts (int32, docs x K): derived from z, rebuilt on arrival
+    next_round: int = 0  # the round this executor expects next (a lost or repeated task shows)
+
+    def load_input(self) -> None:
+        self.settings = Settings.from_config(self.config)
+        part = data.partition(self.settings, self.executor_id, self.num_executors)
+        self.layout, self.blocks = part.layout, part.blocks
+        self.doc_lo, self.num_docs = part.doc_lo, part.num_docs
+        self.num_words, self.total_tokens = part.num_words, part.total_tokens
+
+    def __getstate__(self) -> dict:
+        """Moves and checkpoints carry ``z`` and the round counter; ``ndk`` is rebuilt from ``z`` (O(tokens))
+        at the destination, which keeps the state at 2 bytes a token whatever K is."""
+        state = super().__getstate__()
+        state.pop("ndk", None)
+        return state
+
+    def run_task(self, args: tuple) -> dict[str, Any]:
+        kind = args[0]
+        if kind == "sample":
+            return self._sample(*args[1:])
+        if kind == "init":
+            return self._init()
+        if kind == "check":
+            return self._check(args[1])
+        if kind == "check2":
+            return self._check2(args[1])
+        if kind == "final":
+            return self._final()
+        raise ValueError(f"unknown LDA task {args!r}")
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    @property
+    def K(self) -> int:
+        return self.settings.topics
+
+    def _runs(self, block: int) -> tuple[int, int]:
+        return int(self.layout.blk_run_ptr[block]), int(self.layout.blk_run_ptr[block + 1])
+
+    def _doc_topics(self) -> np.ndarray:
+        if self.ndk is None:
+            L = self.layout
+            self.ndk = kernels.doc_topic_counts(self.z, L.run_doc, L.run_ptr, len(L.doc_len), self.K)
+        return self.ndk
+
+    def _block_counts(self, block: int) -> np.ndarray:
+        r0, r1 = self._runs(block)
+        ptr = self.layout.run_ptr
+        return kernels.word_topic_counts(self.layout.word, self.z, int(ptr[r0]), int(ptr[r1]),
+                                         int(self.blocks.sizes[block]), self.K)
+
+    def _my_blocks(self) -> range:
+        """Blocks this executor checks and reports at the end: b = e, e + E, e + 2E, ..."""
+        return range(self.executor_id, self.blocks.num_blocks, self.num_executors)
+
+    def _state_bytes(self) -> int:
+        return int(self.z.nbytes) + 64
+
+    # -- tasks -----------------------------------------------------------------------------------------
+    def _init(self) -> dict[str, Any]:
+        s, L = self.settings, self.layout
+        if self.z is None:
+            self.z = kernels.random_topics(L.tokens, self.K, kernels.task_seed(s.sampler_seed, self.executor_id, -1))
+            self.ndk = None
+            items = [(("wt", b), self._block_counts(b)) for b in range(self.blocks.num_blocks)]
+            nk = np.bincount(self.z, minlength=self.K).astype(np.int64)
+            self.ps_update_many(items + [(("totals",), nk)])
+        ndk = self._doc_topics()
+        t0 = time.perf_counter()
+        # compile the kernels now, with the real argument types, so sampling time is sampling time
+        wt0 = np.zeros((1, self.K), np.int32)
+        kernels.sample_block(L.word, self.z, L.run_doc, L.run_ptr, 0, 0, ndk, wt0, np.zeros(self.K, np.int64),
+                             s.alpha, s.beta, s.beta * self.num_words, np.uint64(1))
+        return {"kind": "init", "executor": self.executor_id, "tokens": L.tokens, "docs": len(L.doc_len),
+                "doc_lo": self.doc_lo, "blocks": self.blocks.num_blocks, "num_docs": self.num_docs,
+                "num_words": self.num_words, "total_tokens": self.total_tokens,
+                "block_tokens": L.block_tokens().tolist(), "state_bytes": self._state_bytes(),
+                "memory_bytes": int(self.z.nbytes + ndk.nbytes), "compile_s": time.perf_counter() - t0}
+
+    def _sample(self, rnd: int, block: int, ll_doc: bool, ll_word: bool) -> dict[str, Any]:
+        if rnd != self.next_round:
+            raise RuntimeError(f"executor {self.executor_id} got round {rnd}, expected {self.next_round}: "
+                               f"a task was lost or ran twice")
+        s, L = self.settings, self.layout
+        wt_ps, nk_ps, hold = self.ps_get_many([("wt", block), ("totals",), ("hold", block)])
+        t0, c0 = time.perf_counter(), time.thread_time()
+        rows = int(self.blocks.sizes[block])
+        wt = np.zeros((rows, self.K), np.int32) if wt_ps is None else np.array(wt_ps, dtype=np.int32)
+        nk = np.array(nk_ps, dtype=np.int64)
+        nk_before = nk.copy()
+        ndk = self._doc_topics()
+        r0, r1 = self._runs(block)
+        seed = np.uint64(kernels.task_seed(s.sampler_seed, self.executor_id, rnd))
+        changed = kernels.sample_block(L.word, self.z, L.run_doc, L.run_ptr, r0, r1, ndk, wt, nk, s.alpha, s.beta,
+                                       s.beta * self.num_words, seed)
+        delta = kernels.compact_delta(wt if wt_ps is None else wt - wt_ps)
+        self.ps_update_many([(("wt", block), delta), (("totals",), nk - nk_before), (("hold", block), 1)])
+        self.next_round = rnd + 1
+        out: dict[str, Any] = {"kind": "sample", "executor": self.executor_id, "round": rnd, "block": block,
+                               "hold": int(hold or 0), "tokens": int(L.run_ptr[r1] - L.run_ptr[r0]),
+                               "changed": int(changed)}
+        if ll_doc:
+            out["ll_doc"] = kernels.doc_log_likelihood(ndk, L.doc_len, s.alpha)
+        if ll_word:
+            ll, cols = kernels.word_log_likelihood(wt, s.beta)
+            out["ll_word"], out["cols"] = ll, cols
+        out["seconds"], out["cpu_s"] = time.perf_counter() - t0, time.thread_time() - c0
+        return out
+
+    def _check(self, epoch: int) -> dict[str, Any]:
+        """Phase 1: add the counts recomputed from ``z`` into ("zc", b); check ``ndk`` against ``z``."""
+        L = self.layout
+        ndk = self._doc_topics()
+        recomputed = kernels.doc_topic_counts(self.z, L.run_doc, L.run_ptr, len(L.doc_len), self.K)
+        ndk_ok = bool(np.array_equal(recomputed, ndk)) and bool(np.array_equal(ndk.sum(axis=1), L.doc_len))
+        self.ps_update_many([(("zc", b), self._block_counts(b)) for b in range(self.blocks.num_blocks)])
+        return {"kind": "check", "executor": self.executor_id, "epoch": epoch, "ndk_ok": ndk_ok,
+                "tokens": L.tokens}
+
+    def _check2(self, epoch: int) -> dict[str, Any]:
+        """Phase 2: for my blocks, the server's counts must equal the sum of every executor's recomputed ones."""
+        mine = list(self._my_blocks())
+        keys = [k for b in mine for k in (("wt", b), ("zc", b))]
+        want_totals = self.executor_id == 0
+        values = self.ps_get_many(keys + ([("totals",)] if want_totals else []))
+        mismatched, wt_sum, cols, resets = 0, 0, np.zeros(self.K, np.int64), []
+        for i, b in enumerate(mine):
+            wt, zc = values[2 * i], values[2 * i + 1]
+            shape = (int(self.blocks.sizes[b]), self.K)
+            wt = np.zeros(shape, np.int64) if wt is None else np.asarray(wt, np.int64)
+            zc = np.zeros(shape, np.int64) if zc is None else np.asarray(zc, np.int64)
+            mismatched += int(np.count_nonzero(wt != zc)) + int((wt < 0).sum())
+            wt_sum += int(wt.sum())
+            cols += wt.sum(axis=0)
+            resets.append((("zc", b), (-zc).astype(np.int32)))
+        self.ps_update_many(resets)
+        out = {"kind": "check2", "executor": self.executor_id, "epoch": epoch, "blocks": len(mine),
+               "mismatched": mismatched, "wt_sum": wt_sum, "cols": cols}
+        if want_totals:
+            totals = values[-1]
+            out["totals"] = np.zeros(self.K, np.int64) if totals is None else np.asarray(totals, np.int64)
+        return out
+
+    def _final(self) -> dict[str, Any]:
+        s = self.settings
+        mine = list(self._my_blocks())
+        values = self.ps_get_many([("wt", b) for b in mine])
+        full = s.output is not None or s.synthetic
+        top: list[tuple[np.ndarray, np.ndarray]] = []  # per block: (counts n x K, global word ids n x K)
+        blocks = []
+        for b, wt in zip(mine, values, strict=True):
+            rows = int(self.blocks.sizes[b])
+            wt = np.zeros((rows, self.K), np.int32) if wt is None else np.asarray(wt)
+            words = self.blocks.words_of(b)
+            n = min(s.top_words, rows)
+            if n:
+                idx = np.argpartition(-wt, n - 1, axis=0)[:n] if n < rows else np.tile(np.arange(rows)[:, None],
+                                                                                    (1, self.K))
+                top.append((np.take_along_axis(wt, idx, axis=0), words[idx]))
+            if full:
+                blocks.append((words, np.array(wt)))
+        out: dict[str, Any] = {"kind": "final", "executor": self.executor_id, "top": top, "blocks": blocks}
+        if s.output is not None:
+            out["doc_lo"], out["ndk"] = self.doc_lo, self._doc_topics()
+        return out
+
+
+# --------------------------------------------------------------------------------------------- driver
+class LDADriver(litz.Driver):
+    """Runs the block rotation, adds up the log-likelihood per epoch, checks the schedule and the counts."""
+
+    def dispatch_initial_tasks(self) -> None:
+        self.s = Settings.from_config(self.config)
+        self.infos: dict[int, dict] = {}
+        for e in range(self.num_executors):
+            self.dispatch_task(e, ("init",))
+
+    def handle_task_completion(self, result: dict) -> None:
+        kind = result["kind"]
+        if kind == "sample":
+            self._sampled(result)
+        elif kind == "init":
+            self.infos[result["executor"]] = result
+            if len(self.infos) == self.num_executors:
+                self._start()
+        elif kind == "check":
+            self._checked(result)
+        elif kind == "check2":
+            self._checked2(result)
+        elif kind == "final":
+            self.finals.append(result)
+            if len(self.finals) == self.num_executors:
+                self._finish()
+        else:
+            raise ValueError(f"unexpected task result kind {kind!r}")
+
+    # -- start -----------------------------------------------------------------------------------------
+    def _start(self) -> None:
+        s, E = self.s, self.num_executors
+        info = self.infos[0]
+        self.B, self.V, self.D = info["blocks"], info["num_words"], info["num_docs"]
+        self.N = info["total_tokens"]
+        if sum(i["tokens"] for i in self.infos.values()) != self.N:
+            raise RuntimeError("executors' token counts do not add up to the corpus's")
+        self.total_rounds = s.epochs * self.B
+        self.round_limit = self.B if s.check_counts else self.total_rounds
+        self.next_round = [0] * E
+        self.busy = [False] * E
+        self.held: list[int | None] = [None] * self.B
+        self.block_next = [self._holder_after(b, 0, -1) for b in range(self.B)]
+        self.holds_seen = [0] * self.B  # completed holds per block = the ("hold", b) value the next must read
+        self.violations: list[str] = []
+        self.events = 0  # dispatch/completion counter: a block's intervals must not overlap
+        self.intervals: list[list[int]] = [[] for _ in range(self.B)]  # per block: start, end, start, end, ...
+        self.epoch_parts: dict[int, dict] = {}
+        self.history: list[dict] = []
+        self.checks: list[dict] = []
+        self.check_results: list[dict] = []
+        self.finals: list[dict] = []
+        self.compute_s = self.compute_cpu_s = 0.0  # in-task wall and thread CPU seconds
+        state = [i["state_bytes"] for i in self.infos.values()]
+        self.state_bytes = {"max": max(state), "total": sum(state),
+                            "memory_max": max(i["memory_bytes"] for i in self.infos.values())}
+        self.report(stage="init", tokens=self.N, docs=self.D, vocab=self.V, blocks=self.B,
+                    state_bytes_per_executor=self.state_bytes["max"],
+                    compile_s=round(max(i["compile_s"] for i in self.infos.values()), 3))
+        self.t_start = self.t_mark = time.time()
+        if self.total_rounds == 0:
+            self._final_round()
+            return
+        for e in range(E):
+            self._try(e)
+
+    # -- the block schedule ------------------------------------------------------------------------------
+    def _holder_after(self, block: int, rnd: int, executor: int) -> tuple[int, int] | None:
+        """The first holder (round, executor) of ``block`` after ``(rnd, executor)``, or None."""
+        E, B = self.num_executors, self.B
+        while rnd < self.total_rounds:
+            first = (block - rnd) % B
+            cand = first if executor < first else first + ((executor - first) // B + 1) * B
+            if cand < E:
+                return rnd, cand
+            rnd, executor = rnd + 1, -1
+        return None
+
+    def _try(self, e: int) -> None:
+        r = self.next_round[e]
+        if self.busy[e] or r >= self.round_limit:
+            return
+        b = (e + r) % self.B
+        if self.held[b] is not None or self.block_next[b] != (r, e):
+            return
+        self.busy[e] = True
+        self.held[b] = e
+        self.events += 1
+        self.intervals[b].append(self.events)
+        nxt = self._holder_after(b, r, e)
+        last_of_epoch = nxt is None or nxt[0] // self.B != r // self.B
+        self.dispatch_task(e, ("sample", r, b, r % self.B == self.B - 1, last_of_epoch))
+
+    def _sampled(self, res: dict) -> None:
+        e, r, b = res["executor"], res["round"], res["block"]
+        if self.held[b] != e:
+            self.violations.append(f"block {b} completed by executor {e} but held by {self.held[b]}")
+        if res["hold"] != self.holds_seen[b]:
+            self.violations.append(f"block {b}, round {r}, executor {e} read hold count {res['hold']}, "
+                                   f"expected {self.holds_seen[b]}")
+        self.holds_seen[b] += 1
+        self.events += 1
+        self.intervals[b].append(self.events)
+        self.held[b] = None
+        self.busy[e] = False
+        self.next_round[e] = r + 1
+        self.block_next[b] = self._holder_after(b, r, e)
+        self.compute_s += res["seconds"]
+        self.compute_cpu_s += res["cpu_s"]
+        epoch = r // self.B
+        parts = self.epoch_parts.setdefault(epoch, {"tasks": 0, "ll_doc": 0.0, "ll_word": 0.0,
+                                                    "cols": np.zeros(self.s.topics, np.int64), "changed": 0})
+        parts["tasks"] += 1
+        parts["changed"] += res["changed"]
+        if "ll_doc" in res:
+            parts["ll_doc"] += res["ll_doc"]
+        if "ll_word" in res:
+            parts["ll_word"] += res["ll_word"]
+            parts["cols"] += res["cols"]
+        if parts["tasks"] == self.num_executors * self.B:
+            self._epoch_done(epoch, self.epoch_parts.pop(epoch))  # may start a check round (a barrier)
+        self._try(e)
+        if self.block_next[b] is not None:
+            self._try(self.block_next[b][1])
+
+    def _epoch_done(self, epoch: int, parts: dict) -> None:
+        s = self.s
+        now = time.time()
+        seconds, self.t_mark = now - self.t_mark, now
+        ll = parts["ll_doc"] + parts["ll_word"] + kernels.topic_log_likelihood(parts["cols"], self.V, s.beta)
+        if int(parts["cols"].sum()) != self.N:
+            self.violations.append(f"epoch {epoch + 1}: topic totals sum to {int(parts['cols'].sum())}, "
+                                   f"not {self.N} tokens")
+        entry = {"epoch": epoch + 1, "log_likelihood": ll, "ll_per_token": ll / self.N,
+                 "tokens_per_s": self.N / max(seconds, 1e-9), "seconds": seconds,
+                 "changed": parts["changed"] / self.N}
+        self.history.append(entry)
+        self.report(**{k: (round(v, 6) if isinstance(v, float) else v) for k, v in entry.items()},
+                    schedule_violations=len(self.violations))
+        if s.check_counts:
+            self._check_round(epoch)
+        elif epoch + 1 == s.epochs:
+            self._final_round()
+
+    # -- counts invariant ------------------------------------------------------------------------------
+    def _check_round(self, epoch: int) -> None:
+        self.check_results = []
+        for e in range(self.num_executors):
+            self.dispatch_task(e, ("check", epoch))
+
+    def _checked(self, res: dict) -> None:
+        self.check_results.append(res)
+        if len(self.check_results) == self.num_executors:
+            for e in range(self.num_executors):
+                self.dispatch_task(e, ("check2", res["epoch"]))
+
+    def _checked2(self, res: dict) -> None:
+        self.check_results.append(res)
+        if len(self.check_results) < 2 * self.num_executors:
+            return
+        epoch = res["epoch"]
+        phase1 = [r for r in self.check_results if r["kind"] == "check"]
+        phase2 = [r for r in self.check_results if r["kind"] == "check2"]
+        cols = sum(r["cols"] for r in phase2)
+        totals = next(r["totals"] for r in phase2 if "totals" in r)
+        wt_sum = sum(r["wt_sum"] for r in phase2)
+        entry = {"epoch": epoch + 1, "tokens": self.N, "wt_sum": wt_sum, "totals_sum": int(totals.sum()),
+                 "z_tokens": sum(r["tokens"] for r in phase1),
+                 "mismatched": sum(r["mismatched"] for r in phase2),
+                 "ndk_ok": all(r["ndk_ok"] for r in phase1),
+                 "totals_match": bool(np.array_equal(totals, cols))}
+        entry["ok"] = bool(entry["wt_sum"] == entry["totals_sum"] == entry["z_tokens"] == self.N
+                           and entry["mismatched"] == 0 and entry["ndk_ok"] and entry["totals_match"])
+        self.checks.append(entry)
+        self.check_results = []
+        self.report(counts_check_epoch=epoch + 1, counts_ok=entry["ok"], schedule_violations=len(self.violations))
+        if epoch + 1 >= self.s.epochs:
+            self._final_round()
+            return
+        self.round_limit = min(self.total_rounds, self.round_limit + self.B)
+        self.t_mark = time.time()  # check rounds are not sampling time
+        for e in range(self.num_executors):
+            self._try(e)
+
+    # -- the end ---------------------------------------------------------------------------------------
+    def _final_round(self) -> None:
+        self.t_end = time.time()
+        for e in range(self.num_executors):
+            self.dispatch_task(e, ("final",))
+
+    def _schedule_summary(self) -> dict:
+        overlaps = 0
+        for b, iv in enumerate(self.intervals):
+            if len(iv) % 2:
+                self.violations.append(f"block {b} is still held at the end")
+            for i in range(2, len(iv), 2):
+                if iv[i] < iv[i - 1]:
+                    overlaps += 1
+        return {"holds": sum(self.holds_seen), "expected_holds": self.num_executors * self.total_rounds,
+                "overlaps": overlaps, "violations": list(self.violations)}
+
+    def _finish(self) -> None:
+        s, K = self.s, self.s.topics
+        top_words = self._top_words()
+        last = self.history[-1] if self.history else None
+        sampled = self.N * len(self.history)
+        result: dict[str, Any] = {
+            "log_likelihood": last["log_likelihood"] if last else None,
+            "ll_per_token": last["ll_per_token"] if last else None,
+            "tokens_per_s": sampled / max(sum(h["seconds"] for h in self.history), 1e-9) if last else None,
+            "epochs": len(self.history), "tokens": self.N, "docs": self.D, "vocab": self.V, "topics": K,
+            "blocks": self.B, "executors": self.num_executors,
+            "sampling_s": sum(h["seconds"] for h in self.history),
+            "compute_s": self.compute_s, "compute_cpu_s": self.compute_cpu_s, "top_words": top_words,
+            "history": self.history,
+            "state_bytes": self.state_bytes, "schedule": self._schedule_summary(),
+        }
+        if s.check_counts:
+            result["counts_checks"] = self.checks
+            result["counts_ok"] = bool(self.checks) and all(c["ok"] for c in self.checks)
+        topic_word = self._topic_word() if (s.output is not None or s.synthetic) else None
+        if s.synthetic:
+            truth = data.synthetic_topics(s.vocab, s.topics, s.gen_beta, s.seed)
+            result["topic_recovery"] = topic_recovery(topic_word, truth)
+        if s.output is not None:
+            result["output"] = self._write_output(topic_word)
+        self.finish(result)
+
+    def _top_words(self) -> list[list]:
+        s, K = self.s, self.s.topics
+        counts = [t[0] for f in self.finals for t in f["top"]]
+        if not counts or not s.top_words:
+            return [[] for _ in range(K)]
+        counts, words = np.concatenate(counts), np.concatenate([t[1] for f in self.finals for t in f["top"]])
+        order = np.argsort(-counts, axis=0, kind="stable")[:s.top_words]
+        vocab = self._vocabulary()
+        out = []
+        for k in range(K):
+            ids = [int(words[i, k]) for i in order[:, k] if counts[i, k] > 0]
+            out.append([vocab[w] if vocab is not None else w for w in ids])
+        return out
+
+    def _vocabulary(self) -> list[str] | None:
+        s = self.s
+        if s.synthetic:
+            return None
+        path = s.vocab_file or data.default_vocab_file(s.corpus)
+        return data.read_vocab(path, self.V) if path else None
+
+    def _topic_word(self) -> np.ndarray:
+        tw = np.zeros((self.s.topics, self.V), np.int64)
+        for f in self.finals:
+            for words, wt in f["blocks"]:
+                tw[:, words] = wt.T
+        return tw
+
+    def _write_output(self, topic_word: np.ndarray) -> dict:
+        out = self.s.output
+        doc_topic = np.zeros((self.D, self.s.topics), np.int32)
+        for f in self.finals:
+            doc_topic[f["doc_lo"]:f["doc_lo"] + len(f["ndk"])] = f["ndk"]
+        try:
+            os.makedirs(out, exist_ok=True)
+            paths = {"topic_word": os.path.join(out, "topic_word.npy"),
+                     "doc_topic": os.path.join(out, "doc_topic.npy")}
+            np.save(paths["topic_word"], topic_word)
+            np.save(paths["doc_topic"], doc_topic)
+        except OSError as e:
+            raise data.DataError(f"{out}: cannot write the output ({e.strerror or e})") from None
+        return paths
+
+
+def topic_recovery(learned: np.ndarray, truth: np.ndarray) -> float:
+    """Mean over the true topics of the best cosine similarity with any learned topic (rows = topics)."""
+    L = np.asarray(learned, np.float64)
+    T = np.asarray(truth, np.float64)
+    L = L / np.maximum(np.linalg.norm(L, axis=1, keepdims=True), 1e-300)
+    T = T / np.maximum(np.linalg.norm(T, axis=1, keepdims=True), 1e-300)
+    return float((T @ L.T).max(axis=1).mean())
+
+
+__all__ = ["LDADriver", "LDAExecutor", "topic_recovery"]

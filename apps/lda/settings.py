@@ -1,0 +1,129 @@
+"""The LDA app's configuration (``--config key=value``), validated once so a typo is one clear error."""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, fields
+from typing import Any
+
+import litz
+
+DEFAULTS: dict[str, Any] = {
+    # data: exactly one of corpus=PATH (UCI docword.txt) or synthetic=1
+    "corpus": None, "vocab_file": None, "synthetic": False,
+    "docs": 5000, "vocab": 2000, "doc_length": 100, "gen_alpha": 0.1, "gen_beta": 0.01,
+    # model and schedule
+    "topics": 20, "alpha": 0.1, "beta": 0.01, "epochs": 20, "blocks": None, "seed": 0, "chain_seed": None,
+    # outputs and checks
+    "output": None, "top_words": 10, "check_counts": False,
+}
+
+
+class ConfigError(litz.InputError, ValueError):
+    """A bad --config value for apps.lda; shown as one line."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    corpus: str | None
+    vocab_file: str | None
+    synthetic: bool
+    docs: int
+    vocab: int
+    doc_length: float
+    gen_alpha: float
+    gen_beta: float
+    topics: int
+    alpha: float
+    beta: float
+    epochs: int
+    blocks: int | None
+    seed: int
+    chain_seed: int | None
+    output: str | None
+    top_words: int
+    check_counts: bool
+
+    @classmethod
+    def from_config(cls, config: dict | None) -> Settings:
+        """Defaults filled in, types checked; raises :class:`ConfigError` naming the bad key."""
+        config = dict(config or {})
+        unknown = sorted(set(config) - set(DEFAULTS))
+        if unknown:
+            raise ConfigError(f"unknown config key(s) {', '.join(map(repr, unknown))} for apps.lda "
+                              f"(known: {', '.join(DEFAULTS)})")
+        v = {**DEFAULTS, **config}
+        out: dict[str, Any] = {
+            "corpus": _path(v, "corpus"), "vocab_file": _path(v, "vocab_file"),
+            "synthetic": _bool(v, "synthetic"), "docs": _int(v, "docs", 1), "vocab": _int(v, "vocab", 2),
+            "doc_length": _float(v, "doc_length", 1.0), "gen_alpha": _pos(v, "gen_alpha"),
+            "gen_beta": _pos(v, "gen_beta"), "topics": _int(v, "topics", 2), "alpha": _pos(v, "alpha"),
+            "beta": _pos(v, "beta"), "epochs": _int(v, "epochs", 0),
+            "blocks": None if v["blocks"] is None else _int(v, "blocks", 1), "seed": _int(v, "seed", 0),
+            "chain_seed": None if v["chain_seed"] is None else _int(v, "chain_seed", 0),
+            "output": _path(v, "output"), "top_words": _int(v, "top_words", 0),
+            "check_counts": _bool(v, "check_counts"),
+        }
+        if out["synthetic"] == (out["corpus"] is not None):
+            raise ConfigError("apps.lda needs exactly one of config 'corpus' (a UCI bag-of-words docword.txt) "
+                              "or 'synthetic=1'")
+        if out["topics"] > 32767:
+            raise ConfigError(f"config 'topics' must be at most 32767, got {out['topics']}")
+        if out["corpus"] is not None and not os.path.isfile(out["corpus"]):
+            raise ConfigError(f"{out['corpus']}: no such file (config 'corpus')")
+        if out["vocab_file"] is not None and not os.path.isfile(out["vocab_file"]):
+            raise ConfigError(f"{out['vocab_file']}: no such file (config 'vocab_file')")
+        assert {f.name for f in fields(cls)} == set(out)
+        return cls(**out)
+
+    @property
+    def sampler_seed(self) -> int:
+        """Seeds the Markov chain (initial topics, sampling); ``seed`` also seeds the synthetic corpus."""
+        return self.seed if self.chain_seed is None else self.chain_seed
+
+    def num_blocks(self, num_executors: int, vocab_size: int) -> int:
+        """Vocabulary blocks: ``blocks`` or the number of executors, at most the vocabulary size."""
+        return max(1, min(self.blocks or num_executors, vocab_size))
+
+
+def _bad(key: str, what: str, value: Any) -> ConfigError:
+    return ConfigError(f"config {key!r} must be {what}, got {value!r}")
+
+
+def _int(v: dict, key: str, low: int) -> int:
+    x = v[key]
+    if isinstance(x, float) and x.is_integer():
+        x = int(x)
+    if isinstance(x, bool) or not isinstance(x, int) or x < low:
+        raise _bad(key, f"an integer >= {low}", x)
+    return x
+
+
+def _float(v: dict, key: str, low: float) -> float:
+    x = v[key]
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < low:
+        raise _bad(key, f"a number >= {low:g}", x)
+    return float(x)
+
+
+def _pos(v: dict, key: str) -> float:
+    x = v[key]
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0:
+        raise _bad(key, "a number > 0", x)
+    return float(x)
+
+
+def _bool(v: dict, key: str) -> bool:
+    x = v[key]
+    if x in (True, False, 0, 1) or x is None:
+        return bool(x)
+    if isinstance(x, str) and x.lower() in ("true", "false", "yes", "no", "on", "off"):
+        return x.lower() in ("true", "yes", "on")
+    raise _bad(key, "a boolean (0/1)", x)
+
+
+def _path(v: dict, key: str) -> str | None:
+    x = v[key]
+    if x is None or (isinstance(x, str) and x):
+        return x
+    raise _bad(key, "a file path", x)

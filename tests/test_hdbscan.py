@@ -1,0 +1,321 @@
+"""apps.hdbscan: NN-Descent recall, the MST against scipy, clusters against the ``hdbscan`` library, edge cases.
+
+``InProcess`` drives the app's Driver and Executors sequentially in this process against a dict parameter
+server (additive updates, as the real one), so tests can look at the executors' kNN lists. The ``litz_run``
+tests run the real thing through ``litz.run`` with worker and server processes.
+
+The first test compiles the numba kernels into their on-disk cache (about 30 s on a cold checkout, more on a
+busy machine), so it has a longer timeout; every later test, and every worker process, loads them from it.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import apps.hdbscan as hd
+import litz
+from apps.hdbscan import data, mailbox, tree
+
+LOCAL = {"workers": 2, "servers": 1}
+
+
+class InProcess:
+    """A minimal sequential stand-in for the runtime: phases run one task at a time, in executor order."""
+
+    def __init__(self, config: dict, num_executors: int) -> None:
+        self.ps: dict = {}
+        self.queue: list = []
+        self.result = None
+        self.finished = False
+        self.on_result = None  # optional hook(kind, executors) called after each completed phase task
+        self.driver = hd.HDBSCANDriver()
+        self.driver.config, self.driver.num_executors, self.driver._litz = config, num_executors, self
+        self.executors = []
+        for e in range(num_executors):
+            ex = hd.HDBSCANExecutor()
+            ex.executor_id, ex.num_executors, ex.config, ex._litz = e, num_executors, config, self
+            ex.load_input()
+            self.executors.append(ex)
+
+    def dispatch_task(self, executor: int, args: object) -> None:
+        self.queue.append((executor, args))
+
+    def report(self, metrics: dict, t: float) -> None:
+        pass
+
+    def finish(self, result: object) -> None:
+        self.result, self.finished = result, True
+
+    def ps_get(self, key):
+        return self.ps.get(key)
+
+    def ps_get_many(self, keys):
+        return [self.ps.get(k) for k in keys]
+
+    def ps_update(self, key, delta) -> None:
+        self.ps_update_many([(key, delta)])
+
+    def ps_update_many(self, items) -> None:
+        for key, delta in items:
+            old = self.ps.get(key)
+            self.ps[key] = np.array(delta, copy=True) if old is None else old + delta
+
+    def run(self) -> dict:
+        self.driver.dispatch_initial_tasks()
+        while not self.finished:
+            batch, self.queue = self.queue, []
+            results = [self.executors[e].run_task(args) for e, args in batch]
+            if self.on_result and batch:
+                self.on_result(batch[0][1][0], self.executors)
+            for r in results:
+                self.driver.handle_task_completion(r)
+        return self.result
+
+
+def exact_knn(X: np.ndarray, k: int, metric: str = "euclidean") -> np.ndarray:
+    """Distances to the k nearest other points, brute force in float64."""
+    X = X.astype(np.float64)
+    if metric == "euclidean":
+        sq = (X * X).sum(1)
+        D = np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2 * X @ X.T, 0))
+    elif metric == "cosine":
+        U = X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-300)
+        D = 1 - U @ U.T
+    else:
+        D = (np.linalg.norm(X, axis=1) ** 2).max() - X @ X.T
+    np.fill_diagonal(D, np.inf)
+    return np.sort(D, axis=1)[:, :k]
+
+
+def blobs(n_per: int, centres: np.ndarray, std: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = np.concatenate([c + rng.normal(0, std, (n_per, len(c))) for c in centres]).astype(np.float32)
+    y = np.repeat(np.arange(len(centres)), n_per)
+    order = rng.permutation(len(X))
+    return X[order], y[order]
+
+
+# ------------------------------------------------------------------------------------------ kernels
+@pytest.mark.timeout(600)
+def test_compile_kernels_and_run_in_process() -> None:
+    """Compiles every kernel (Kruskal and Borůvka paths, both partitionings) into numba's on-disk cache."""
+    for extra in ({"mst": "kruskal"}, {"mst": "boruvka", "partition": "block", "dmax_filter": 0}):
+        config = {"synthetic": 1, "n": 2000, "d": 4, "clusters": 10, "noise": 0.1, "check_recall": 1, **extra}
+        result = InProcess(config, 3).run()
+        assert result["knn_recall"] >= 0.95 and 8 <= result["clusters"] <= 14, result
+        assert result["mst"] == extra["mst"]
+
+
+@pytest.mark.timeout(60)
+def test_extract_matches_hdbscan_on_its_own_tree() -> None:
+    """Given the reference's exact MST, our condensed tree, EOM and labels are the reference's labels."""
+    hdbscan = pytest.importorskip("hdbscan")
+    from sklearn.metrics import fowlkes_mallows_score
+
+    X, _ = data.synthetic(3000, 5, 30, 0.1, seed=1)
+    for mcs, max_size in ((5, 0), (15, 0), (5, 60)):
+        ref = hdbscan.HDBSCAN(min_cluster_size=mcs, max_cluster_size=max_size, gen_min_span_tree=True,
+                              core_dist_n_jobs=1).fit(X)
+        mst = ref.minimum_spanning_tree_._mst
+        labels, k = tree.extract(len(X), mst[:, 0].astype(np.int32), mst[:, 1].astype(np.int32), mst[:, 2],
+                                 mcs, max_size)
+        assert k == ref.labels_.max() + 1
+        assert np.array_equal(labels < 0, ref.labels_ < 0)
+        assert fowlkes_mallows_score(ref.labels_, labels) == pytest.approx(1.0)
+
+
+@pytest.mark.timeout(60)
+def test_mailbox_slots_are_exact_when_reused() -> None:
+    """Messages overwrite reusable slots through additive updates and arrive bit for bit (float bits too)."""
+    rng = np.random.default_rng(0)
+    box, server = mailbox.Outbox("m", 0), {}
+    for size in (5, 3000, 700, 0, 20000, 1):
+        rec = rng.integers(-2**31, 2**31 - 1, (size, 3), dtype=np.int64).astype(np.int32)
+        rec[:, 2] = rng.standard_normal(size).astype(np.float32).view(np.int32)
+        for key, delta in box.post(1, rec):
+            server[key] = delta.copy() if key not in server else server[key] + delta
+        keys = mailbox.inbox_keys("m", 1, {0: size} if size else {})
+        got = mailbox.assemble(keys, [server[k] for k, _, _ in keys], {0: size})
+        assert np.array_equal(got, rec)
+    assert max(j for (_, _, _, j) in server) == mailbox.slots_for(20000) - 1  # slots reused, not accumulated
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("metric", ["euclidean", "cosine", "dot"])
+def test_knn_recall_against_exact(metric: str) -> None:
+    X, _ = data.synthetic(3000, 8, 20, 0.2, seed=2)
+    config = {"synthetic": 1, "n": 3000, "d": 8, "clusters": 20, "noise": 0.2, "seed": 2, "metric": metric, "k": 10}
+    run = InProcess(config, 4)
+    lists = {}
+
+    def grab(kind, executors):
+        if kind == "F":
+            lists["dist"] = np.concatenate([ex.dist for ex in executors])
+            lists["perm"] = executors[0].perm
+
+    run.on_result = grab
+    run.run()
+    exact = exact_knn(X, 10, metric)[lists["perm"]]  # executors hold points in their internal order
+    approx = lists["dist"].astype(np.float64)
+    tol = 1e-4 * np.abs(exact[:, -1:]) + 1e-4
+    recall = np.mean(approx <= exact[:, -1:] + tol)
+    assert recall >= 0.95, recall
+    assert np.all(approx >= exact - tol)  # never closer than the true neighbours
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mst", ["kruskal", "boruvka"])
+def test_mst_weight_equals_scipy_on_the_same_knn_graph(mst: str) -> None:
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import minimum_spanning_tree
+
+    config = {"synthetic": 1, "n": 4000, "d": 6, "clusters": 40, "noise": 0.2, "seed": 3, "mst": mst,
+              "min_samples": 7}
+    run = InProcess(config, 5)
+    graph = {}
+
+    def grab(kind, executors):
+        if kind == "F":
+            ind = np.concatenate([ex.ind for ex in executors])
+            dist = np.concatenate([ex.dist for ex in executors]).astype(np.float64)
+            core = np.concatenate([ex.core for ex in executors]).astype(np.float64)
+            src = np.repeat(np.arange(len(ind)), ind.shape[1])
+            w = np.maximum(dist.reshape(-1), np.maximum(core[src], core[ind.reshape(-1)]))
+            graph["m"] = coo_matrix((w, (src, ind.reshape(-1))), shape=(len(ind), len(ind))).tocsr()
+
+    run.on_result = grab
+    result = run.run()
+    expected = minimum_spanning_tree(graph["m"])  # both directions of an edge carry the same weight
+    assert result["mst_weight"] == pytest.approx(expected.sum(), rel=1e-5)
+    assert result["mst"] == mst and result["mst_edges"] == expected.nnz
+
+
+# ------------------------------------------------------------------------------------------ real runtime
+@pytest.mark.timeout(60)
+def test_litz_run_finds_every_well_separated_blob(tmp_path) -> None:
+    centres = np.array([[i * 40.0, (i % 3) * 40.0, -i * 20.0] for i in range(12)])
+    X, y = blobs(250, centres, 1.0)
+    np.save(tmp_path / "blobs.npy", X)
+    out = tmp_path / "labels.npy"
+    result = litz.run("apps.hdbscan", **LOCAL, config={"input": str(tmp_path / "blobs.npy"), "output": str(out),
+                                                       "min_cluster_size": 20, "check_recall": 1})
+    labels = np.load(out)
+    assert result["clusters"] == 12 and labels.shape == (len(X),)
+    assert result["knn_recall"] >= 0.95
+    for c in range(12):  # each blob is one cluster, and no two blobs share one
+        assert len(set(labels[y == c]) - {-1}) == 1
+    assert len(set(labels) - {-1}) == 12
+    assert result["noise_fraction"] < 0.02
+    assert set(result["timings_s"]) >= {"load", "init", "nndescent", "mst", "extract", "total"}
+
+
+@pytest.mark.timeout(60)
+def test_litz_run_matches_hdbscan_library_on_table_4_2_style_data(tmp_path) -> None:
+    hdbscan = pytest.importorskip("hdbscan")
+    from sklearn.metrics import fowlkes_mallows_score
+
+    cfg = {"n": 20000, "d": 5, "clusters": 200, "noise": 0.2, "seed": 7}
+    X, _ = data.synthetic(cfg["n"], cfg["d"], cfg["clusters"], cfg["noise"], seed=cfg["seed"])
+    # exact: the library's default approximates its spanning tree (FM about 0.93 against its own exact one)
+    ref = hdbscan.HDBSCAN(min_cluster_size=5, core_dist_n_jobs=1, approx_min_span_tree=False).fit_predict(X)
+    out = tmp_path / "labels.npy"
+    result = litz.run("apps.hdbscan", **LOCAL, config={"synthetic": 1, **cfg, "output": str(out)})
+    fm = fowlkes_mallows_score(ref, np.load(out))
+    assert fm >= 0.9, (fm, result["clusters"], ref.max() + 1)
+
+
+@pytest.mark.timeout(60)
+def test_litz_run_boruvka_equals_kruskal_and_other_metrics() -> None:
+    base = {"synthetic": 1, "n": 6000, "d": 8, "clusters": 30, "noise": 0.1, "check_recall": 1}
+    k = litz.run("apps.hdbscan", **LOCAL, executors=3, config={**base, "mst": "kruskal"})
+    b = litz.run("apps.hdbscan", **LOCAL, executors=3, config={**base, "mst": "boruvka"})
+    assert k["mst"] == "kruskal" and b["mst"] == "boruvka" and b["boruvka_rounds"] >= 2
+    assert k["knn_recall"] >= 0.95 and b["updates_per_iteration"] == k["updates_per_iteration"]  # same kNN graph
+    assert b["mst_weight"] == pytest.approx(k["mst_weight"], rel=1e-6) and b["clusters"] == k["clusters"]
+    for metric in ("cosine", "dot"):
+        r = litz.run("apps.hdbscan", **LOCAL, config={**base, "metric": metric})
+        assert r["knn_recall"] >= 0.95 and r["clusters"] >= 1, r
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mst", ["kruskal", "boruvka"])
+def test_litz_run_disconnected_knn_graph_gives_a_forest(tmp_path, mst: str) -> None:
+    centres = np.array([[0.0, 0.0], [1e4, 0.0], [0.0, 1e4], [1e4, 1e4]])
+    X, y = blobs(40, centres, 1.0, seed=4)  # k=5 neighbours never leave a group: 4 components
+    np.save(tmp_path / "x.npy", X)
+    out = tmp_path / "labels.npy"
+    result = litz.run("apps.hdbscan", **LOCAL, config={"input": str(tmp_path / "x.npy"), "output": str(out),
+                                                       "k": 5, "min_samples": 5, "min_cluster_size": 10,
+                                                       "mst": mst})
+    labels = np.load(out)
+    assert result["mst_components"] == 4 and result["mst_edges"] == len(X) - 4
+    assert result["clusters"] == 4 and len(set(labels) - {-1}) == 4
+    for c in range(4):
+        assert len(set(labels[y == c]) - {-1}) == 1
+
+
+@pytest.mark.timeout(60)
+def test_litz_run_duplicate_points(tmp_path) -> None:
+    rng = np.random.default_rng(5)
+    base = np.concatenate([rng.normal(0, 0.5, (30, 3)), rng.normal(20, 0.5, (30, 3))]).astype(np.float32)
+    X = np.repeat(base, 25, axis=0)  # every point 25 times: more copies than k
+    X = np.concatenate([X, rng.uniform(-10, 30, (50, 3)).astype(np.float32)])
+    np.save(tmp_path / "dup.npy", X)
+    out = tmp_path / "labels.npy"
+    result = litz.run("apps.hdbscan", **LOCAL, config={"input": str(tmp_path / "dup.npy"), "output": str(out),
+                                                       "k": 10, "min_samples": 5, "min_cluster_size": 20})
+    labels = np.load(out)
+    copies = labels[:1500].reshape(60, 25)
+    assert np.all(copies == copies[:, :1])  # copies of one point share its label
+    assert result["clusters"] >= 2 and np.isfinite(result["mst_weight"])
+    assert len(set(labels[:750]) - {-1}) >= 1 and not set(labels[:750]) & set(labels[750:1500]) - {-1}
+
+
+# ------------------------------------------------------------------------------------------ bad input
+def fails(config: dict, match: str) -> None:
+    with pytest.raises(litz.InputError, match=match):
+        litz.run("apps.hdbscan", workers=1, servers=1, executors=2, config=config)
+
+
+@pytest.mark.timeout(60)
+def test_bad_input_files_are_one_line_errors(tmp_path) -> None:
+    good = np.random.default_rng(0).normal(size=(100, 3)).astype(np.float32)
+    fails({"input": str(tmp_path / "missing.npy")}, r"missing\.npy: no such file")
+    np.save(tmp_path / "flat.npy", good[:, 0])
+    fails({"input": str(tmp_path / "flat.npy")}, r"expected an N x D matrix .*shape \(100,\)")
+    np.save(tmp_path / "complex.npy", good.astype(np.complex64))
+    fails({"input": str(tmp_path / "complex.npy")}, "got dtype complex64")
+    bad = good.copy()
+    bad[7, 2], bad[9, 0], bad[50, 1] = np.nan, np.inf, np.nan
+    np.save(tmp_path / "nan.npy", bad)
+    fails({"input": str(tmp_path / "nan.npy")}, r"2 NaN and 1 infinite value\(s\).*row 7, column 2")
+    np.savetxt(tmp_path / "nan.csv", bad, delimiter=",")
+    fails({"input": str(tmp_path / "nan.csv")}, r"nan\.csv: 2 NaN and 1 infinite")
+    (tmp_path / "text.csv").write_text("a,b\n1,2\n3,x\n")
+    fails({"input": str(tmp_path / "text.csv")}, r"text\.csv: .*'x'")
+    np.save(tmp_path / "few.npy", good[:4])
+    fails({"input": str(tmp_path / "few.npy")}, "4 points, fewer than min_cluster_size=5")
+    np.save(tmp_path / "small.npy", good[:12])
+    fails({"input": str(tmp_path / "small.npy")}, "k=15 neighbours needs more than k points, the data has 12")
+
+
+@pytest.mark.timeout(60)
+def test_bad_config_values_are_one_line_errors(tmp_path) -> None:
+    fails({"synthetic": 1, "k": 4}, r"'min_samples' \(5\) must be at most 'k' \(4\)")
+    fails({"synthetic": 1, "metric": "manhattan"}, "'metric' must be one of euclidean, cosine, dot")
+    fails({"synthetic": 1, "output": str(tmp_path / "no" / "labels.npy")}, "folder .* does not exist")
+    fails({"synthetic": 1, "min_cluster_size": 1}, "'min_cluster_size' must be an integer >= 2")
+
+
+@pytest.mark.timeout(60)
+def test_bad_input_on_the_command_line_is_one_line(tmp_path) -> None:
+    from tests.helpers import run_cli
+
+    bad = np.ones((20, 2), np.float32)
+    bad[3, 1] = np.nan
+    np.save(tmp_path / "nan.npy", bad)
+    res = run_cli(["litz", "run", "apps.hdbscan", "--no-progress", "--workers", "1", "--config",
+                   f"input={tmp_path / 'nan.npy'}"], timeout=50)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode != 0 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "1 NaN value(s) in the data; the first at row 3, column 1" in lines[0]

@@ -1,0 +1,209 @@
+"""apps.lda end to end through real processes (``litz.run`` and the CLI).
+
+* a synthetic corpus with known topics: the learned topics match the true ones, the log-likelihood
+  improves, ``output=DIR`` writes the count matrices;
+* the counts invariant after every epoch (``check_counts=1``: the server's word-topic counts equal those
+  recomputed from every executor's ``z`` and sum to the number of tokens) and the block schedule (no block
+  held by two executors at once; every holder sees every earlier holder's updates), for B = E, B > E and
+  B < E, and on a UCI corpus file;
+* the same invariant after scale-out and scale-in during a run, and after a worker is killed and the job
+  recovers from a checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+import litz
+from apps.lda import data, topic_recovery
+from apps.lda.settings import Settings
+from tests.helpers import Processes, run_cli, status, wait_for
+
+CORPUS = {"synthetic": 1, "docs": 3000, "vocab": 1000, "topics": 20, "doc_length": 100, "seed": 0}
+SMALL = {"synthetic": 1, "docs": 1200, "vocab": 600, "topics": 8, "doc_length": 60, "seed": 1}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One 40-epoch run on the known-topics corpus, with output=DIR; shared by the tests that read it."""
+    out = tmp_path_factory.mktemp("lda-output")
+    home = tmp_path_factory.mktemp("litz-home")
+    result = litz.run("apps.lda", workers=2, servers=1, executors=4, home=str(home), progress=False,
+                      config={**CORPUS, "epochs": 40, "output": str(out)})
+    return result, out
+
+
+@pytest.mark.timeout(30)
+def test_learned_topics_match_the_true_ones(trained) -> None:
+    result, out = trained
+    s = Settings.from_config(CORPUS)
+    truth = data.synthetic_topics(s.vocab, s.topics, s.gen_beta, s.seed)
+    learned = np.load(out / "topic_word.npy")
+    assert learned.shape == (s.topics, s.vocab)
+    T = truth / np.linalg.norm(truth, axis=1, keepdims=True)
+    L = learned / np.linalg.norm(learned, axis=1, keepdims=True)
+    recovery = float((T @ L.T).max(axis=1).mean())  # mean best-match cosine, computed here independently
+    assert recovery >= 0.9, recovery
+    assert result["topic_recovery"] == pytest.approx(recovery)
+    assert len(result["top_words"]) == s.topics and all(len(t) == 10 for t in result["top_words"])
+    for k, words in enumerate(result["top_words"]):  # the most frequent words of the learned topic
+        assert len(set(words)) == 10 and learned[k][words].min() >= np.sort(learned[k])[-10]
+        assert list(learned[k][words]) == sorted(learned[k][words], reverse=True)
+
+
+@pytest.mark.timeout(30)
+def test_log_likelihood_improves(trained) -> None:
+    result, _ = trained
+    ll = [h["log_likelihood"] for h in result["history"]]
+    assert result["epochs"] == len(ll) == 40
+    assert all(b > a for a, b in zip(ll[:5], ll[1:6], strict=True)), ll[:6]  # every one of the first epochs
+    assert ll[-1] > ll[5] > ll[0]
+    assert result["log_likelihood"] == ll[-1]
+    assert result["ll_per_token"] == pytest.approx(ll[-1] / result["tokens"])
+    assert -9 < result["ll_per_token"] < -4
+    assert result["tokens_per_s"] > 0 and all(h["tokens_per_s"] > 0 for h in result["history"])
+    assert result["schedule"]["violations"] == [] and result["schedule"]["overlaps"] == 0
+
+
+@pytest.mark.timeout(30)
+def test_output_files(trained) -> None:
+    result, out = trained
+    s = Settings.from_config(CORPUS)
+    lengths = data.synthetic_lengths(s.docs, s.doc_length, s.seed)
+    topic_word, doc_topic = np.load(out / "topic_word.npy"), np.load(out / "doc_topic.npy")
+    assert doc_topic.shape == (s.docs, s.topics)
+    np.testing.assert_array_equal(doc_topic.sum(axis=1), lengths)
+    assert topic_word.sum() == doc_topic.sum() == result["tokens"] == lengths.sum()
+    np.testing.assert_array_equal(topic_word.sum(axis=0), np.bincount(data.synthetic_corpus(s)[1],
+                                                                      minlength=s.vocab))
+    np.testing.assert_array_equal(topic_word.sum(axis=1), doc_topic.sum(axis=0))
+    assert result["output"] == {"topic_word": str(out / "topic_word.npy"), "doc_topic": str(out / "doc_topic.npy")}
+
+
+def check_invariant(result: dict, epochs: int, executors: int) -> None:
+    assert result["counts_ok"] is True, result["counts_checks"]
+    assert [c["epoch"] for c in result["counts_checks"]] == list(range(1, epochs + 1))
+    for c in result["counts_checks"]:
+        assert c["wt_sum"] == c["totals_sum"] == c["z_tokens"] == result["tokens"] and c["mismatched"] == 0
+    sched = result["schedule"]
+    assert sched["violations"] == [] and sched["overlaps"] == 0
+    assert sched["holds"] == sched["expected_holds"] == executors * epochs * result["blocks"]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("executors, blocks", [(6, None), (3, 5), (6, 4)])
+def test_counts_invariant_and_block_schedule(executors, blocks) -> None:
+    config = {**SMALL, "epochs": 3, "check_counts": 1, **({"blocks": blocks} if blocks else {})}
+    result = litz.run("apps.lda", workers=2, servers=2, executors=executors, config=config, progress=False)
+    assert result["blocks"] == (blocks or executors)
+    check_invariant(result, 3, executors)
+
+
+@pytest.mark.timeout(30)
+def test_uci_corpus_file(tmp_path) -> None:
+    s = Settings.from_config(SMALL)
+    doc, word = data.synthetic_corpus(s)
+    pairs, count = np.unique(doc.astype(np.int64) * s.vocab + word, return_counts=True)
+    lines = [f"{p // s.vocab + 1} {p % s.vocab + 1} {c}" for p, c in zip(pairs.tolist(), count.tolist(), strict=True)]
+    corpus = tmp_path / "docword.toy.txt"
+    corpus.write_text(f"{s.docs}\n{s.vocab}\n{len(lines)}\n" + "\n".join(lines) + "\n")
+    (tmp_path / "vocab.toy.txt").write_text("".join(f"word{i}\n" for i in range(s.vocab)))
+    result = litz.run("apps.lda", workers=2, servers=1, executors=3, progress=False,
+                      config={"corpus": str(corpus), "topics": 8, "epochs": 3, "check_counts": 1})
+    assert (result["tokens"], result["docs"], result["vocab"]) == (len(doc), s.docs, s.vocab)
+    check_invariant(result, 3, 3)
+    assert all(isinstance(w, str) and w.startswith("word") for t in result["top_words"] for w in t)
+    assert "topic_recovery" not in result
+
+
+# ------------------------------------------------------------------------------------ elastic and recovery
+def metrics(path) -> list[dict]:
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def counts_reports(path) -> list[dict]:
+    return [m for m in metrics(path) if "counts_ok" in m]
+
+
+def wait_for_more_checks(path, after: int, more: int, timeout: float) -> None:
+    wait_for(lambda: len(counts_reports(path)) >= after + more, timeout, f"{more} more epochs with counts checked")
+
+
+def ctl(name: str, *args: str):
+    return run_cli(["litzctl", "--name", name, *args], timeout=60)
+
+
+def endless(name: str, executors: int, *extra: str) -> list[str]:
+    config = [f"{k}={v}" for k, v in SMALL.items()]
+    return ["litz", "run", "apps.lda", "--name", name, "--executors", str(executors), "--no-progress",
+            "--config", *config, "epochs=100000", "check_counts=1", *extra]
+
+
+def check_reports(path) -> None:
+    checks = counts_reports(path)
+    assert checks and all(m["counts_ok"] is True for m in checks), checks
+    assert all(m["schedule_violations"] == 0 for m in metrics(path) if "schedule_violations" in m)
+
+
+@pytest.mark.timeout(30)
+def test_scale_out_and_in_during_a_run_keeps_the_counts(tmp_path) -> None:
+    name, m, out = "lda-elastic", tmp_path / "m.jsonl", tmp_path / "out.json"
+    with Processes() as procs:
+        job = procs.start(endless(name, 6, "--workers", "1", "--metrics", str(m), "--output", str(out)))
+        wait_for(lambda: counts_reports(m), 20, "a first epoch")
+        assert ctl(name, "scale", "--workers", "2").returncode == 0
+
+        def spread():
+            st = status(name)
+            return st and sorted(len(w["executors"]) for w in st["workers"]) == [3, 3]
+
+        wait_for(spread, 15, "6 executors spread over 2 workers")
+        wait_for_more_checks(m, len(counts_reports(m)), 2, 10)
+        res = ctl(name, "scale", "--workers", "1")  # returns once the released worker has exited
+        assert res.returncode == 0 and "released" in res.stdout, res.stdout + res.stderr
+        wait_for_more_checks(m, len(counts_reports(m)), 2, 10)
+        assert ctl(name, "stop").returncode == 0
+        _, stderr = job.communicate(timeout=15)
+        assert job.returncode == 0, stderr
+    check_reports(m)
+    events = json.loads(out.read_text())["events"]
+    moved = {e["kind"]: e["executors_moved"] for e in events if e["kind"] in ("scale_out", "scale_in")}
+    assert moved.get("scale_out", 0) == 3 and moved.get("scale_in", 0) == 3, events
+    epochs = [r for r in metrics(m) if "log_likelihood" in r]
+    assert epochs[-1]["log_likelihood"] > epochs[0]["log_likelihood"]
+
+
+@pytest.mark.timeout(30)
+def test_killed_worker_recovers_from_a_checkpoint_with_the_counts_intact(tmp_path) -> None:
+    name, m, out, ckpt = "lda-recover", tmp_path / "m.jsonl", tmp_path / "out.json", tmp_path / "ckpt"
+    with Processes() as procs:
+        job = procs.start(endless(name, 6, "--metrics", str(m), "--output", str(out),
+                                  "--checkpoint-dir", str(ckpt), "--checkpoint-every", "0.5"))
+        def checkpointed():
+            return counts_reports(m) and ckpt.is_dir() and any(p.name.startswith("ckpt-") for p in ckpt.iterdir())
+
+        wait_for(checkpointed, 20, "a checked epoch and a checkpoint")
+        assert ctl(name, "kill", "w1").returncode == 0
+        t_kill = time.time()
+        wait_for(lambda: [r for r in counts_reports(m) if r["time"] > t_kill][1:], 20,
+                 "two epochs checked after the recovery")
+        assert ctl(name, "stop").returncode == 0
+        _, stderr = job.communicate(timeout=15)
+        assert job.returncode == 0, stderr
+    check_reports(m)
+    events = json.loads(out.read_text())["events"]
+    recoveries = [e for e in events if e["kind"] == "recovery"]
+    assert recoveries and "w1" in recoveries[0]["lost"], events
+
+
+def test_topic_recovery_metric() -> None:
+    truth = np.eye(3)
+    assert topic_recovery(truth[::-1] * 5, truth) == pytest.approx(1.0)
+    assert topic_recovery(np.ones((3, 3)), truth) == pytest.approx(1 / np.sqrt(3))

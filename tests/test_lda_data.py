@@ -1,0 +1,196 @@
+"""apps.lda data: the UCI docword parser (errors name file:line), settings, the synthetic corpus, the
+vocabulary blocks and token layout, and bad input end to end (one line on stderr, no traceback)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from apps.lda import data, kernels
+from apps.lda.settings import ConfigError, Settings
+from tests.helpers import run_cli
+
+pytestmark = pytest.mark.timeout(30)
+
+GOOD = "3\n5\n6\n1 1 2\n1 3 1\n2 2 4\n2 5 1\n3 1 1\n3 4 3\n"
+
+
+def write(tmp_path, text: str, name: str = "docword.txt") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_docword_parses(tmp_path) -> None:
+    c = data.read_docword(write(tmp_path, GOOD))
+    assert (c.num_docs, c.num_words, c.tokens) == (3, 5, 12)
+    np.testing.assert_array_equal(c.doc, [0, 0, 1, 1, 2, 2])
+    np.testing.assert_array_equal(c.word, [0, 2, 1, 4, 0, 3])
+    np.testing.assert_array_equal(c.count, [2, 1, 4, 1, 1, 3])
+
+
+def test_docword_tolerates_blank_lines_crlf_and_no_final_newline(tmp_path) -> None:
+    c = data.read_docword(write(tmp_path, "2\r\n3\r\n2\r\n\r\n1 1 1\r\n  \n2 3 5"))
+    assert c.tokens == 6 and list(c.word) == [0, 2]
+
+
+@pytest.mark.parametrize("text, where, what", [
+    ("", ":1:", "empty file"),
+    ("3\n5\n", ":3:", "truncated header: missing NNZ"),
+    ("3\nfive\n6\n", ":2:", "expected W (vocabulary size) as one integer, got 'five'"),
+    ("0\n5\n6\n", ":1:", "D (number of documents) must be positive"),
+    (GOOD.replace("2 2 4", "2 2"), ":6:", "malformed entry, expected 'doc word count'"),
+    (GOOD.replace("2 2 4", "2 2 4 7"), ":6:", "malformed entry"),
+    (GOOD.replace("2 2 4", "2 x 4"), ":6:", "malformed entry"),
+    (GOOD.replace("2 2 4", "2 -2 4"), ":6:", "malformed entry"),
+    (GOOD.replace("2 5 1", "2 6 1"), ":7:", "word id out of range 1..5 (W in the header): '2 6 1'"),
+    (GOOD.replace("2 5 1", "2 0 1"), ":7:", "word id out of range"),
+    (GOOD.replace("3 4 3", "4 4 3"), ":9:", "document id out of range 1..3"),
+    (GOOD.replace("3 4 3", "3 4 0"), ":9:", "count must be a positive integer"),
+    (GOOD + "3 5 1\n", ":10:", "more entries than NNZ=6"),
+    (GOOD.rsplit("\n", 2)[0] + "\n", ":8:", "truncated: the header promises NNZ=6 entries, the file has 5"),
+    ("4\n5\n2\n1 1 1\n3 2 2\n", ":5:", "document 2 has no words"),
+    ("4\n5\n2\n1 1 1\n2 2 2\n", ":1:", "document 3 has no words (2 empty documents in all)"),
+])
+def test_docword_errors_name_file_and_line(tmp_path, text, where, what) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(data.DataError) as err:
+        data.read_docword(path)
+    message = str(err.value)
+    assert message.startswith(path + where), message
+    assert what in message and "\n" not in message
+
+
+def test_missing_corpus_and_bad_settings(tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"nope.txt: no such file \(config 'corpus'\)"):
+        Settings.from_config({"corpus": str(tmp_path / "nope.txt")})
+    with pytest.raises(data.DataError, match="nope.txt: no such file"):
+        data.read_docword(str(tmp_path / "nope.txt"))
+    for config, message in [
+        ({"synthetic": 1, "topics": 1}, "config 'topics' must be an integer >= 2, got 1"),
+        ({"synthetic": 1, "alpha": 0}, "config 'alpha' must be a number > 0"),
+        ({"synthetic": 1, "blocks": 0}, "config 'blocks' must be an integer >= 1"),
+        ({"synthetic": 1, "epochs": "x"}, "config 'epochs' must be an integer >= 0"),
+        ({"synthetic": 1, "topic": 5}, "unknown config key(s) 'topic'"),
+        ({}, "exactly one of config 'corpus'"),
+        ({"synthetic": 1, "corpus": write(tmp_path, GOOD)}, "exactly one of config 'corpus'"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            Settings.from_config(config)
+        assert message in str(err.value), (config, str(err.value))
+
+
+def test_vocab_file(tmp_path) -> None:
+    corpus = write(tmp_path, GOOD, "docword.kos.txt")
+    vocab = write(tmp_path, "a\nb\nc\nd\ne\nf\n", "vocab.kos.txt")
+    assert data.default_vocab_file(corpus) == vocab
+    assert data.read_vocab(vocab, 5) == ["a", "b", "c", "d", "e"]
+    short = write(tmp_path, "a\nb\n", "short.txt")
+    with pytest.raises(data.DataError, match=r"short.txt:3: the vocabulary has 2 words, the corpus uses W=5"):
+        data.read_vocab(short, 5)
+
+
+def test_synthetic_corpus_is_an_indexed_stream() -> None:
+    s = Settings.from_config({"synthetic": 1, "docs": 2500, "vocab": 300, "topics": 5, "doc_length": 20})
+    doc, word = data.synthetic_corpus(s)
+    lengths = data.synthetic_lengths(s.docs, s.doc_length, s.seed)
+    np.testing.assert_array_equal(np.bincount(doc, minlength=s.docs), lengths)
+    assert lengths.min() >= 1 and 0 <= word.min() and word.max() < s.vocab
+    d2, w2 = data.synthetic_docs(1000, 2100, s)  # straddles chunk boundaries
+    mine = (doc >= 1000) & (doc < 2100)
+    np.testing.assert_array_equal(d2, doc[mine] - 1000)
+    np.testing.assert_array_equal(w2, word[mine])
+
+
+def test_blocks_balance_and_layout() -> None:
+    freq = 1000.0 / np.arange(1, 2001)  # Zipf
+    blocks = data.vocab_blocks(freq, 7)
+    load = np.bincount(blocks.word_block, weights=freq, minlength=7)
+    assert load.max() / load.min() < 1.02  # the top word alone is 12% of the tokens
+    for b in range(7):
+        words = blocks.words_of(b)
+        assert len(words) == blocks.sizes[b]
+        np.testing.assert_array_equal(blocks.word_local[words], np.arange(len(words)))
+    rng = np.random.default_rng(0)
+    doc, word, count = rng.integers(0, 50, 3000), rng.integers(0, 2000, 3000), rng.integers(1, 4, 3000)
+    L = data.build_layout(doc, word, count, 50, blocks)
+    assert L.tokens == count.sum() and L.doc_len.sum() == count.sum()
+    assert L.blk_run_ptr[0] == 0 and L.blk_run_ptr[-1] == len(L.run_doc)
+    for b in range(7):  # every run is one document of one block, tokens of that block's words
+        for run in range(L.blk_run_ptr[b], L.blk_run_ptr[b + 1]):
+            lo, hi = L.run_ptr[run], L.run_ptr[run + 1]
+            assert hi > lo and np.all(L.word[lo:hi] < blocks.sizes[b])
+    want = np.zeros((50, 7), int)
+    np.add.at(want, (doc, blocks.word_block[word]), count)
+    got = np.zeros((50, 7), int)
+    for b in range(7):
+        for run in range(L.blk_run_ptr[b], L.blk_run_ptr[b + 1]):
+            got[L.run_doc[run], b] += L.run_ptr[run + 1] - L.run_ptr[run]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_doc_ranges_balance_tokens() -> None:
+    lengths = np.random.default_rng(1).integers(1, 500, 1000)
+    bounds = data.doc_ranges(lengths, 8)
+    assert bounds[0] == 0 and bounds[-1] == 1000 and np.all(np.diff(bounds) > 0)
+    per = np.add.reduceat(lengths, bounds[:-1])
+    assert per.max() - per.min() <= 2 * lengths.max()
+
+
+def test_sampler_keeps_counts_consistent() -> None:
+    """One kernel call on a random state: counts stay equal to those recomputed from z, totals too."""
+    rng = np.random.default_rng(3)
+    K, V, D = 8, 40, 30
+    blocks = data.vocab_blocks(np.ones(V), 1)
+    doc, word = rng.integers(0, D, 2000), rng.integers(0, V, 2000)
+    doc[:D] = np.arange(D)
+    L = data.build_layout(doc, word, None, D, blocks)
+    z = kernels.random_topics(L.tokens, K, 5)
+    ndk = kernels.doc_topic_counts(z, L.run_doc, L.run_ptr, D, K)
+    wt = kernels.word_topic_counts(L.word, z, 0, L.tokens, V, K)
+    nk = wt.sum(axis=0).astype(np.int64)
+    for seed in range(1, 4):
+        kernels.sample_block(L.word, z, L.run_doc, L.run_ptr, 0, len(L.run_doc), ndk, wt, nk, 0.1, 0.01, 0.01 * V,
+                             np.uint64(seed))
+        np.testing.assert_array_equal(ndk, kernels.doc_topic_counts(z, L.run_doc, L.run_ptr, D, K))
+        np.testing.assert_array_equal(wt, kernels.word_topic_counts(L.word, z, 0, L.tokens, V, K))
+        np.testing.assert_array_equal(nk, wt.sum(axis=0))
+    assert z.min() >= 0 and z.max() < K
+
+
+def test_log_likelihood_matches_direct_formula() -> None:
+    import math
+
+    rng = np.random.default_rng(4)
+    ndk = rng.integers(0, 5, (6, 4)).astype(np.int32)
+    ndk[:, 0] += 1
+    got = kernels.doc_log_likelihood(ndk, ndk.sum(axis=1).astype(np.int32), 0.3)
+    want = sum(math.lgamma(4 * 0.3) - math.lgamma(row.sum() + 4 * 0.3)
+               + sum(math.lgamma(n + 0.3) - math.lgamma(0.3) for n in row) for row in ndk)
+    assert got == pytest.approx(want, rel=1e-12)
+    ll, cols = kernels.word_log_likelihood(ndk, 0.05)
+    assert ll == pytest.approx(sum(math.lgamma(n + 0.05) - math.lgamma(0.05) for n in ndk.ravel()), rel=1e-12)
+    np.testing.assert_array_equal(cols, ndk.sum(axis=0))
+
+
+# ------------------------------------------------------------------------------------- end to end, CLI
+def lda_cli(*config: str, timeout: float = 60):
+    return run_cli(["litz", "run", "apps.lda", "--no-progress", "--config", *config], timeout=timeout)
+
+
+def assert_one_line(res, *parts: str) -> None:
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    for part in parts:
+        assert part in lines[0], lines[0]
+
+
+def test_cli_bad_corpus_is_one_line(tmp_path) -> None:
+    bad = write(tmp_path, GOOD.replace("2 5 1", "2 9 1"))
+    assert_one_line(lda_cli(f"corpus={bad}"), f"{bad}:7: word id out of range 1..5")
+
+
+def test_cli_missing_corpus_and_bad_topics_are_one_line(tmp_path) -> None:
+    missing = str(tmp_path / "missing.txt")
+    assert_one_line(lda_cli(f"corpus={missing}"), f"{missing}: no such file")
+    assert_one_line(lda_cli("synthetic=1", "topics=1"), "config 'topics' must be an integer >= 2, got 1")
