@@ -1,0 +1,91 @@
+"""Over-partitioning overhead for LDA (paper Fig. 4.2): epoch time with 1, 2, 4, 8 and 16 executors per worker.
+
+Every run trains ``apps.lda`` on the same synthetic corpus (20 000 documents, about 3.6M tokens, vocabulary
+5 000, K = 50; quick: 4 000 documents, vocabulary 2 000, K = 20) with 2 workers and 1 server; only
+``executors`` changes (2, 4, 8, 16, 32), and the vocabulary blocks follow it (the app's default ``blocks =
+executors``), so every executor still visits every block once per epoch. The epoch time is the driver's
+per-epoch sampling time (``history[i].seconds``: from the end of one epoch to the end of the next, the
+log-likelihood included) averaged over epochs 3..N: the first epochs are the slowest (dense word-topic
+rows), and the same epochs are compared at every count. ``elapsed_s`` (start to finish) is recorded too.
+
+Runs are interleaved over the counts ``--repeats`` times; the table uses medians.
+Target: 16 executors/worker <= 1.10x the epoch time of 1 executor/worker (paper: 1.23x).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+import _table
+
+import litz
+
+PER_WORKER = (1, 2, 4, 8, 16)
+WORKERS = 2
+FULL = {"synthetic": 1, "docs": 20_000, "vocab": 5_000, "topics": 50, "doc_length": 180, "alpha": 0.1,
+        "beta": 0.01, "seed": 0}
+QUICK = {"synthetic": 1, "docs": 4_000, "vocab": 2_000, "topics": 20, "doc_length": 100, "alpha": 0.1,
+         "beta": 0.01, "seed": 0}
+
+
+def run_lda(executors: int, config: dict) -> dict:
+    with tempfile.TemporaryDirectory(prefix="litz-bench-") as tmp:
+        out = os.path.join(tmp, "out.json")
+        result = litz.run("apps.lda", workers=WORKERS, servers=1, executors=executors, config=config,
+                          name=f"bench-lda-overpartition-{os.getpid()}", output=out, progress=False)
+        with open(out) as f:
+            doc = json.load(f)
+    seconds = [h["seconds"] for h in result["history"]]
+    steady = seconds[2:] or seconds
+    return {"executors": executors, "epoch_s": sum(steady) / len(steady), "elapsed_s": doc["elapsed_s"],
+            "tasks": doc["tasks_completed"], "ll_per_token": result["ll_per_token"],
+            "tokens_per_s": result["tokens_per_s"], "compute_s": result["compute_s"],
+            "epoch_times": [round(s, 4) for s in seconds]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="short smoke run (results/lda_overpartition.quick.json)")
+    ap.add_argument("--repeats", type=int, help="rounds over all counts (default 3, quick 1)")
+    ap.add_argument("--epochs", type=int, help="epochs per run (default 12, quick 5)")
+    args = ap.parse_args()
+    repeats = args.repeats or (1 if args.quick else 3)
+    epochs = args.epochs or (5 if args.quick else 12)
+    config = {**(QUICK if args.quick else FULL), "epochs": epochs}
+
+    runs: dict[int, list] = {k: [] for k in PER_WORKER}
+    for i in range(repeats):
+        for k in PER_WORKER:
+            r = run_lda(k * WORKERS, config)
+            runs[k].append(r)
+            print(f"round {i + 1}/{repeats} {k:2d}/worker: epoch {r['epoch_s'] * 1e3:7.1f} ms, elapsed "
+                  f"{r['elapsed_s']:.2f} s, {r['tasks']} tasks, LL/token {r['ll_per_token']:.4f}", flush=True)
+
+    med = {k: statistics.median(r["epoch_s"] for r in runs[k]) for k in PER_WORKER}
+    rel = {k: med[k] / med[1] for k in PER_WORKER}
+    met = rel[16] <= 1.10
+    summary = {"epoch_s": med, "relative_to_1": rel, "met": met,
+               "elapsed_s": {k: statistics.median(r["elapsed_s"] for r in runs[k]) for k in PER_WORKER},
+               "ll_per_token": {k: statistics.median(r["ll_per_token"] for r in runs[k]) for k in PER_WORKER},
+               "tasks": {k: runs[k][0]["tasks"] for k in PER_WORKER}}
+    doc = {"target": "LDA epoch time with 16 executors/worker <= 1.10x that with 1/worker (paper 1.23x)",
+           "workers": WORKERS, "servers": 1, "config": config, "met": met, "summary": summary, "runs": runs}
+    path = _table.write_result("lda_overpartition", doc, quick=args.quick)
+    line = ", ".join(f"{k}: {med[k] * 1e3:.0f}" for k in PER_WORKER)
+    print(f"epoch ms per executors/worker {line}; 16 vs 1: {rel[16]:.2f}x "
+          f"(target <= 1.10x: {'met' if met else 'MISSED'})")
+    others = ", ".join(f"{k}/w {rel[k]:.2f}x" for k in (2, 4, 8))
+    row = [f"16/worker: {med[16] * 1e3:.0f} ms/epoch ({others})", f"1/worker: {med[1] * 1e3:.0f} ms/epoch",
+           f"{rel[16]:.2f}x", "<= 1.10x", _table.yes_no(met), _table.today()]
+    print(f"-> {path}")
+    if not args.quick:
+        _table.update_rows({"lda_overpartition": row})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
