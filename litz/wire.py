@@ -45,7 +45,6 @@ def size_of(obj: Any) -> int:
         sizes[0] += buf.raw().nbytes
         return False
 
-    try:
-        return len(pickle.dumps(obj, protocol=5, buffer_callback=count)) + sizes[0]
-    except Exception:
-        return 0
+    import cloudpickle  # app objects arrive by value (cloudpickle); plain pickle cannot name their classes
+
+    return len(cloudpickle.dumps(obj, protocol=5, buffer_callback=count)) + sizes[0]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import sys
 import time
 
@@ -65,11 +66,25 @@ def format_status(st: dict) -> str:
     return "\n".join(lines)
 
 
+def _exited(info: dict) -> bool:
+    """True once a process on this host is gone (or a zombie); processes elsewhere count once unregistered."""
+    if info.get("host") != socket.gethostname() or not info.get("pid"):
+        return True
+    try:
+        with open(f"/proc/{info['pid']}/status") as f:
+            return any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+    except OSError:
+        return True
+
+
 def wait_gone(job: Membership, idents: list[str], timeout: float, t0: float) -> None:
-    """Block until the released processes have left the job (what a scheduler or preStop hook waits for)."""
+    """Block until the released processes have left the job and, on this host, exited: what a scheduler
+    or a preStop hook waits for before reusing the resources."""
     deadline = time.time() + timeout
+    infos = {i: job.member(i) or {} for i in idents}
     while True:
-        left = [i for i in idents if i in job.members()]
+        members = job.members()
+        left = [i for i in idents if i in members or not _exited(infos[i])]
         if not left:
             print(f"released {', '.join(idents)} in {time.time() - t0:.2f} s")
             return
