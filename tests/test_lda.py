@@ -190,9 +190,12 @@ def test_killed_worker_recovers_from_a_checkpoint_with_the_counts_intact(tmp_pat
             return counts_reports(m) and ckpt.is_dir() and any(p.name.startswith("ckpt-") for p in ckpt.iterdir())
 
         wait_for(checkpointed, 20, "a checked epoch and a checkpoint")
+        epoch = status(name)["epoch"]  # goes up with every recovery
         assert ctl(name, "kill", "w1").returncode == 0
-        t_kill = time.time()
-        wait_for(lambda: [r for r in counts_reports(m) if r["time"] > t_kill][1:], 20,
+        wait_for(lambda: (st := status(name)) and st["epoch"] > epoch and st["state"] == "running", 20,
+                 "the recovery")
+        t_recovered = time.time()
+        wait_for(lambda: [r for r in counts_reports(m) if r["time"] > t_recovered][1:], 20,
                  "two epochs checked after the recovery")
         assert ctl(name, "stop").returncode == 0
         _, stderr = job.communicate(timeout=15)
