@@ -194,3 +194,10 @@ def test_cli_missing_corpus_and_bad_topics_are_one_line(tmp_path) -> None:
     missing = str(tmp_path / "missing.txt")
     assert_one_line(lda_cli(f"corpus={missing}"), f"{missing}: no such file")
     assert_one_line(lda_cli("synthetic=1", "topics=1"), "config 'topics' must be an integer >= 2, got 1")
+
+
+def test_cli_short_vocabulary_fails_before_training(tmp_path) -> None:
+    corpus = write(tmp_path, GOOD)
+    vocab = write(tmp_path, "a\nb\n", "vocab.txt")  # the corpus has W=5 words
+    assert_one_line(lda_cli(f"corpus={corpus}", f"vocab_file={vocab}", "epochs=1000000"),
+                    f"{vocab}:3: the vocabulary has 2 words, the corpus uses W=5")

@@ -268,6 +268,14 @@ class LDADriver(litz.Driver):
         self.N = info["total_tokens"]
         if sum(i["tokens"] for i in self.infos.values()) != self.N:
             raise RuntimeError("executors' token counts do not add up to the corpus's")
+        self._vocabulary()  # a bad vocabulary file or output directory fails now, not after training
+        if s.output is not None:
+            try:
+                os.makedirs(s.output, exist_ok=True)
+            except OSError as e:
+                raise data.DataError(f"{s.output}: cannot create the output directory ({e.strerror or e})") from None
+            if not os.access(s.output, os.W_OK):
+                raise data.DataError(f"{s.output}: the output directory is not writable")
         self.total_rounds = s.epochs * self.B
         self.round_limit = self.B if s.check_counts else self.total_rounds
         self.next_round = [0] * E
@@ -276,8 +284,12 @@ class LDADriver(litz.Driver):
         self.block_next = [self._holder_after(b, 0, -1) for b in range(self.B)]
         self.holds_seen = [0] * self.B  # completed holds per block = the ("hold", b) value the next must read
         self.violations: list[str] = []
-        self.events = 0  # dispatch/completion counter: a block's intervals must not overlap
-        self.intervals: list[list[int]] = [[] for _ in range(self.B)]  # per block: start, end, start, end, ...
+        # every hold of a block is an interval (dispatch, completion) on one event counter; they must not overlap
+        self.events = 0
+        self.open_holds: dict[tuple[int, int, int], int] = {}  # (block, round, executor) -> dispatch event
+        self.last_start = [0] * self.B  # latest dispatch event per block
+        self.last_end = [0] * self.B  # latest completion event per block
+        self.overlaps = 0
         self.epoch_parts: dict[int, dict] = {}
         self.history: list[dict] = []
         self.checks: list[dict] = []
@@ -319,7 +331,7 @@ class LDADriver(litz.Driver):
         self.busy[e] = True
         self.held[b] = e
         self.events += 1
-        self.intervals[b].append(self.events)
+        self.open_holds[(b, r, e)] = self.last_start[b] = self.events
         nxt = self._holder_after(b, r, e)
         last_of_epoch = nxt is None or nxt[0] // self.B != r // self.B
         self.dispatch_task(e, ("sample", r, b, r % self.B == self.B - 1, last_of_epoch))
@@ -333,7 +345,11 @@ class LDADriver(litz.Driver):
                                    f"expected {self.holds_seen[b]}")
         self.holds_seen[b] += 1
         self.events += 1
-        self.intervals[b].append(self.events)
+        start = self.open_holds.pop((b, r, e))
+        if start <= self.last_end[b] or self.last_start[b] != start:  # it began before the last one ended,
+            self.overlaps += 1                                         # or another began while it was held
+            self.violations.append(f"block {b}: the hold of executor {e} in round {r} overlaps another")
+        self.last_end[b] = self.events
         self.held[b] = None
         self.busy[e] = False
         self.next_round[e] = r + 1
@@ -422,15 +438,10 @@ class LDADriver(litz.Driver):
             self.dispatch_task(e, ("final",))
 
     def _schedule_summary(self) -> dict:
-        overlaps = 0
-        for b, iv in enumerate(self.intervals):
-            if len(iv) % 2:
-                self.violations.append(f"block {b} is still held at the end")
-            for i in range(2, len(iv), 2):
-                if iv[i] < iv[i - 1]:
-                    overlaps += 1
+        for b, r, e in self.open_holds:
+            self.violations.append(f"block {b} is still held by executor {e} (round {r}) at the end")
         return {"holds": sum(self.holds_seen), "expected_holds": self.num_executors * self.total_rounds,
-                "overlaps": overlaps, "violations": list(self.violations)}
+                "overlaps": self.overlaps, "violations": list(self.violations)}
 
     def _finish(self) -> None:
         s, K = self.s, self.s.topics

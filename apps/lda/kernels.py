@@ -8,10 +8,13 @@ The conditional of token ``i`` (document ``d``, word ``w``) splits into three bu
            + β n_dk/(n_k+Vβ)        r: document bucket, non-zero only for the document's topics
            + (n_dk+α) n_wk/(n_k+Vβ) q: word bucket, non-zero only for the word's topics
 
-``s`` and ``r`` are updated in O(1) when a token changes topic; ``q`` is summed over the word's non-zero
-topics only, held in a per-word topic list (built when a block is loaded, kept up to date as counts reach
-or leave zero). Most of the mass falls in ``q`` once topics have formed, so a token costs about the
-number of topics its word actually uses, not K.
+``s`` and ``r`` are updated in O(1) when a token changes topic (``r`` and the coefficients
+``(n_dk + α)/(n_k + Vβ)`` are rebuilt once per document visit, O(K)); ``q`` is summed over the word's
+non-zero topics only, held in a per-word topic list (built the first time the word occurs in the task,
+kept up to date as counts reach or leave zero). Most of the mass falls in ``q`` once topics have formed,
+so a token costs about the number of topics its word actually uses, not K: about 5 at K = 50 on the
+issue's corpus after 40 sweeps. In the first sweeps, when a word has more than K/2 non-zero topics, its
+word bucket is one dense pass over K instead, which LLVM vectorises (``fastmath``).
 
 Why this and not an alias/Metropolis-Hastings sampler (LightLDA): block scheduling already gives the
 sampler exclusive, fresh word-topic counts for its block (Strads' point), so an exact sampler is cheap to
@@ -22,9 +25,10 @@ the chain as far as a standard collapsed Gibbs sweep (tomotopy's, and the ``lda`
 log-likelihood per sweep is comparable one to one.
 
 One task = one numba call (:func:`sample_block`): no per-token Python. The random numbers come from an
-xorshift64* generator seeded per (seed, executor, round), so a task is a deterministic function of its
-inputs. All kernels are module-level functions, never executor attributes, so executors pickle as plain
-numpy arrays.
+xorshift64* generator seeded per (chain seed, executor, round), so a task is a deterministic function of
+its inputs. The other helpers (initial topics, counts recomputed from ``z``, log-likelihood parts) are
+vectorised numpy, so a worker process compiles only the sampler (about 1.5 s of CPU). Everything here is
+a module-level function, never an executor attribute, so executors pickle as plain numpy arrays.
 """
 from __future__ import annotations
 
