@@ -102,6 +102,19 @@ def _proc_status(pid: int) -> dict[str, int]:
     return out
 
 
+def _role(pid: int) -> str | None:
+    """``worker`` or ``server`` for a local process of ``litz run`` (``litz worker --name ...``), else None."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+    except OSError:
+        return None
+    for role in (b"worker", b"server"):
+        if role in args[:6]:
+            return role.decode()
+    return None
+
+
 def _group_pids(pgid: int) -> list[int]:
     pids = []
     for name in os.listdir("/proc"):
@@ -158,9 +171,11 @@ class Monitor:
                 s = _proc_status(pid)
                 if not s:
                     continue
-                rec = self.procs.setdefault(pid, {"VmRSS": 0, "VmHWM": 0, "VmSwap": 0})
+                rec = self.procs.setdefault(pid, {"VmRSS": 0, "VmHWM": 0, "VmSwap": 0, "role": _role(pid)})
                 for key, value in s.items():
                     rec[key] = max(rec[key], value)
+                if rec["role"] is None:
+                    rec["role"] = _role(pid)
                 total_rss += s.get("VmRSS", 0)
                 total_swap += s.get("VmSwap", 0)
             self.peak_total_rss = max(self.peak_total_rss, total_rss)
@@ -174,7 +189,8 @@ class Monitor:
     def stop(self) -> dict:
         self._stop.set()
         self._thread.join(10)
-        worker_pids = {w["pid"] for w in self.workers.values()}
+        worker_pids = {w["pid"] for w in self.workers.values()} | {
+            pid for pid, p in self.procs.items() if p["role"] == "worker"}  # also when no status was published
         hwm = {pid: p["VmHWM"] for pid, p in self.procs.items()}
         workers = {}
         for wid, w in sorted(self.workers.items()):
@@ -186,7 +202,8 @@ class Monitor:
                 "peak_worker_rss_status": max((w["memory"] for w in self.workers.values()), default=None),
                 "peak_worker_state_bytes": max((w["state_bytes"] for w in self.workers.values()), default=None),
                 "sum_process_hwm": sum(hwm.values()), "peak_total_rss": self.peak_total_rss,
-                "peak_total_swap": self.peak_total_swap, "processes": len(self.procs), "polls": self.polls,
+                "peak_total_swap": self.peak_total_swap, "processes": {str(pid): p for pid, p in self.procs.items()},
+                "polls": self.polls,
                 "samples": self.samples}
 
 
@@ -371,6 +388,11 @@ def run(tmp: str, name: str, cfg: dict, budget: int | None, timeout: float, cgro
     return out
 
 
+def median(values) -> float | None:
+    xs = [v for v in values if v is not None]
+    return statistics.median(xs) if xs else None
+
+
 def mb(x: float | None) -> str:
     return "-" if x is None else f"{x / 1e6:,.0f} MB"
 
@@ -378,11 +400,11 @@ def mb(x: float | None) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short smoke run (results/outofcore_kmeans.quick.json)")
-    ap.add_argument("--repeats", type=int, help="interleaved rounds of every config (default 3, quick 1)")
+    ap.add_argument("--repeats", type=int, help="interleaved rounds of every config (default 5, quick 1)")
     ap.add_argument("--no-swap", action="store_true", help="skip the swap comparison")
     ap.add_argument("--swap-size", default="4G", help="swap file size (default 4G)")
     args = ap.parse_args()
-    repeats = args.repeats or (1 if args.quick else 3)
+    repeats = args.repeats or (1 if args.quick else 5)
     cfgs = configs(args.quick)
     head = f"b{HEADLINE_BATCHES}"
     budgets = {c: state_per_worker(cfg) // 4 for c, cfg in cfgs.items()}
@@ -396,8 +418,12 @@ def main() -> int:
         for i in range(repeats):
             for c, cfg in cfgs.items():
                 tag = f"{os.getpid()}-{i}-{c}"
-                un = run(tmp, f"ooc-un-{tag}", cfg, None, 1800)
-                lim = run(tmp, f"ooc-lim-{tag}", cfg, budgets[c], 3600)
+                if i % 2 == 0:  # alternate the order: the machine's load drifts
+                    un = run(tmp, f"ooc-un-{tag}", cfg, None, 1800)
+                    lim = run(tmp, f"ooc-lim-{tag}", cfg, budgets[c], 3600)
+                else:
+                    lim = run(tmp, f"ooc-lim-{tag}", cfg, budgets[c], 3600)
+                    un = run(tmp, f"ooc-un-{tag}", cfg, None, 1800)
                 rel = abs(lim["objective"] - un["objective"]) / abs(un["objective"])
                 if rel > OBJ_RTOL:
                     mismatches.append(f"{c} round {i + 1}: limited {lim['objective']!r} vs unlimited "
@@ -421,21 +447,19 @@ def main() -> int:
             summary[c] = {
                 "batches_per_epoch": math.ceil(cfgs[c]["n"] / cfgs[c].get("batch", 4096)),
                 "budget": budgets[c], "state_per_worker": state_per_worker(cfgs[c]),
-                "unlimited_s": statistics.median(r["unlimited"]["elapsed_s"] for r in rs),
-                "limited_s": statistics.median(r["limited"]["elapsed_s"] for r in rs),
-                "ratio": statistics.median(r["ratio"] for r in rs),
-                "train_ratio": statistics.median(r["train_ratio"] for r in rs),
-                "unlimited_peak_worker_rss": statistics.median(r["unlimited"]["memory"]["peak_worker_rss_hwm"]
-                                                               for r in rs),
-                "limited_peak_worker_rss": statistics.median(r["limited"]["memory"]["peak_worker_rss_hwm"]
-                                                             for r in rs),
-                "limited_peak_worker_state": statistics.median(r["limited"]["memory"]["peak_worker_state_bytes"]
-                                                               for r in rs),
-                "unlimited_peak_total_rss": statistics.median(r["unlimited"]["memory"]["sum_process_hwm"] for r in rs),
-                "limited_peak_total_rss": statistics.median(r["limited"]["memory"]["sum_process_hwm"] for r in rs),
-                "evictions": statistics.median(r["limited"]["evict"]["count"] for r in rs),
-                "loads": statistics.median(r["limited"]["load"]["count"] for r in rs),
-                "loaded_bytes": statistics.median(r["limited"]["load"]["bytes"] for r in rs),
+                "unlimited_s": median(r["unlimited"]["elapsed_s"] for r in rs),
+                "limited_s": median(r["limited"]["elapsed_s"] for r in rs),
+                "ratio": median(r["ratio"] for r in rs),
+                "train_ratio": median(r["train_ratio"] for r in rs),
+                "ratios": [round(r["ratio"], 3) for r in rs],
+                "unlimited_peak_worker_rss": median(r["unlimited"]["memory"]["peak_worker_rss_hwm"] for r in rs),
+                "limited_peak_worker_rss": median(r["limited"]["memory"]["peak_worker_rss_hwm"] for r in rs),
+                "limited_peak_worker_state": median(r["limited"]["memory"]["peak_worker_state_bytes"] for r in rs),
+                "unlimited_peak_total_rss": median(r["unlimited"]["memory"]["sum_process_hwm"] for r in rs),
+                "limited_peak_total_rss": median(r["limited"]["memory"]["sum_process_hwm"] for r in rs),
+                "evictions": median(r["limited"]["evict"]["count"] for r in rs),
+                "loads": median(r["limited"]["load"]["count"] for r in rs),
+                "loaded_bytes": median(r["limited"]["load"]["bytes"] for r in rs),
                 "iterations": rs[0]["unlimited"]["iterations"],
                 "met": statistics.median(r["ratio"] for r in rs) <= 1.5}
 
@@ -547,7 +571,8 @@ def table_rows(cfgs: dict, summary: dict, swap: dict, head: str) -> dict:
         f"{mb(h['budget'])}/worker (data 4x): {h['limited_s']:.0f} s; peak worker RSS "
         f"{mb(h['limited_peak_worker_rss'])}, peak executor state {mb(h['limited_peak_worker_state'])} ({others})",
         f"unlimited: {h['unlimited_s']:.0f} s; peak worker RSS {mb(h['unlimited_peak_worker_rss'])}",
-        f"{h['ratio']:.2f}x", "<= 1.5x", _table.yes_no(h["met"]), _table.today()]}
+        f"{h['ratio']:.2f}x (rounds {min(h['ratios']):.2f}-{max(h['ratios']):.2f})", "<= 1.5x",
+        _table.yes_no(h["met"]), _table.today()]}
     if "builtin" in summary:
         b = summary["builtin"]
         rows["outofcore_kmeans (built-in example)"] = [
