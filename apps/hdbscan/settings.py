@@ -1,12 +1,17 @@
 """The HDBSCAN app's configuration (``--config key=value``), validated once so a typo is one clear error."""
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, fields
 from typing import Any
 
-import litz
+from litz.appconfig import ConfigError, with_defaults
+from litz.appconfig import boolean as _bool
+from litz.appconfig import choice as _choice
+from litz.appconfig import integer as _int
+from litz.appconfig import number as _float
+from litz.appconfig import optional_integer as _opt_int
+from litz.appconfig import path as _path
 
 DEFAULTS: dict[str, Any] = {
     "input": None, "output": None, "synthetic": False,
@@ -21,10 +26,6 @@ MST_METHODS = ("auto", "kruskal", "boruvka")
 PARTITIONS = ("tree", "block")
 DEFAULT_K = 15
 EDGE_BYTES = 20  # Kruskal's memory per kNN-graph edge: (u, v, w) plus its sort index
-
-
-class ConfigError(litz.InputError, ValueError):
-    """A bad --config value for apps.hdbscan; shown as one line."""
 
 
 @dataclass(frozen=True)
@@ -60,12 +61,7 @@ class Settings:
     @classmethod
     def from_config(cls, config: dict | None) -> Settings:
         """Defaults filled in, types checked; raises ConfigError naming the bad key."""
-        config = dict(config or {})
-        unknown = sorted(set(config) - set(DEFAULTS))
-        if unknown:
-            raise ConfigError(f"unknown config key(s) {', '.join(map(repr, unknown))} for apps.hdbscan "
-                              f"(known: {', '.join(DEFAULTS)})")
-        v = {**DEFAULTS, **config}
+        v = with_defaults("apps.hdbscan", config, DEFAULTS)
         out: dict[str, Any] = {
             "input": _path(v, "input"), "output": _path(v, "output"), "synthetic": _bool(v, "synthetic"),
             "n": _int(v, "n", 2), "d": _int(v, "d", 1), "clusters": _int(v, "clusters", 1),
@@ -120,51 +116,3 @@ class Settings:
         if self.mst != "auto":
             return self.mst == "kruskal"
         return n * self.k * EDGE_BYTES <= self.mst_memory
-
-
-def _bad(key: str, what: str, value: Any) -> ConfigError:
-    return ConfigError(f"config {key!r} must be {what}, got {value!r}")
-
-
-def _int(v: dict, key: str, low: int) -> int:
-    x = v[key]
-    if isinstance(x, float) and x.is_integer():
-        x = int(x)
-    if isinstance(x, bool) or not isinstance(x, int) or x < low:
-        raise _bad(key, f"an integer >= {low}", x)
-    return x
-
-
-def _opt_int(v: dict, key: str, low: int) -> int | None:
-    return None if v[key] is None else _int(v, key, low)
-
-
-def _float(v: dict, key: str, low: float, high: float = math.inf) -> float:
-    x = v[key]
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or not low <= x <= high:
-        what = f"a number in [{low:g}, {high:g}]" if high < math.inf else f"a number >= {low:g}"
-        raise _bad(key, what, x)
-    return float(x)
-
-
-def _bool(v: dict, key: str) -> bool:
-    x = v[key]
-    if x in (True, False, 0, 1) or x is None:
-        return bool(x)
-    if isinstance(x, str) and x.lower() in ("true", "false", "yes", "no", "on", "off"):
-        return x.lower() in ("true", "yes", "on")
-    raise _bad(key, "a boolean (0/1)", x)
-
-
-def _choice(v: dict, key: str, options: tuple[str, ...]) -> str:
-    x = v[key]
-    if isinstance(x, str) and x.lower() in options:
-        return x.lower()
-    raise _bad(key, "one of " + ", ".join(options), x)
-
-
-def _path(v: dict, key: str) -> str | None:
-    x = v[key]
-    if x is None or (isinstance(x, str) and x):
-        return x
-    raise _bad(key, "a file path", x)

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any
 
-from litz.appconfig import ConfigError
+from litz.appconfig import ConfigError, with_defaults
 from litz.appconfig import boolean as _bool
 from litz.appconfig import choice as _choice
 from litz.appconfig import integer as _int
@@ -48,12 +48,7 @@ class Settings:
     @classmethod
     def from_config(cls, config: dict | None) -> Settings:
         """Defaults filled in, types checked; raises :class:`ConfigError` naming the bad key."""
-        config = dict(config or {})
-        unknown = sorted(set(config) - set(DEFAULTS))
-        if unknown:
-            raise ConfigError(f"unknown config key(s) {', '.join(map(repr, unknown))} for apps.kmeans "
-                              f"(known: {', '.join(DEFAULTS)})")
-        v = {**DEFAULTS, **config}
+        v = with_defaults("apps.kmeans", config, DEFAULTS)
         out: dict[str, Any] = {
             "input": _path(v, "input"), "synthetic": _bool(v, "synthetic"),
             "n": _int(v, "n", 1), "d": _int(v, "d", 1), "blobs": _opt_int(v, "blobs", 1),

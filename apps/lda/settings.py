@@ -1,12 +1,17 @@
 """The LDA app's configuration (``--config key=value``), validated once so a typo is one clear error."""
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, fields
 from typing import Any
 
-import litz
+from litz.appconfig import ConfigError, with_defaults
+from litz.appconfig import boolean as _bool
+from litz.appconfig import integer as _int
+from litz.appconfig import number as _float
+from litz.appconfig import optional_integer as _opt_int
+from litz.appconfig import path as _path
+from litz.appconfig import positive as _pos
 
 DEFAULTS: dict[str, Any] = {
     # data: exactly one of corpus=PATH (UCI docword.txt) or synthetic=1
@@ -17,10 +22,6 @@ DEFAULTS: dict[str, Any] = {
     # outputs and checks
     "output": None, "top_words": 10, "check_counts": False,
 }
-
-
-class ConfigError(litz.InputError, ValueError):
-    """A bad --config value for apps.lda; shown as one line."""
 
 
 @dataclass(frozen=True)
@@ -47,20 +48,15 @@ class Settings:
     @classmethod
     def from_config(cls, config: dict | None) -> Settings:
         """Defaults filled in, types checked; raises :class:`ConfigError` naming the bad key."""
-        config = dict(config or {})
-        unknown = sorted(set(config) - set(DEFAULTS))
-        if unknown:
-            raise ConfigError(f"unknown config key(s) {', '.join(map(repr, unknown))} for apps.lda "
-                              f"(known: {', '.join(DEFAULTS)})")
-        v = {**DEFAULTS, **config}
+        v = with_defaults("apps.lda", config, DEFAULTS)
         out: dict[str, Any] = {
             "corpus": _path(v, "corpus"), "vocab_file": _path(v, "vocab_file"),
             "synthetic": _bool(v, "synthetic"), "docs": _int(v, "docs", 1), "vocab": _int(v, "vocab", 2),
             "doc_length": _float(v, "doc_length", 1.0), "gen_alpha": _pos(v, "gen_alpha"),
             "gen_beta": _pos(v, "gen_beta"), "topics": _int(v, "topics", 2), "alpha": _pos(v, "alpha"),
             "beta": _pos(v, "beta"), "epochs": _int(v, "epochs", 0),
-            "blocks": None if v["blocks"] is None else _int(v, "blocks", 1), "seed": _int(v, "seed", 0),
-            "chain_seed": None if v["chain_seed"] is None else _int(v, "chain_seed", 0),
+            "blocks": _opt_int(v, "blocks", 1), "seed": _int(v, "seed", 0),
+            "chain_seed": _opt_int(v, "chain_seed", 0),
             "output": _path(v, "output"), "top_words": _int(v, "top_words", 0),
             "check_counts": _bool(v, "check_counts"),
         }
@@ -84,46 +80,3 @@ class Settings:
     def num_blocks(self, num_executors: int, vocab_size: int) -> int:
         """Vocabulary blocks: ``blocks`` or the number of executors, at most the vocabulary size."""
         return max(1, min(self.blocks or num_executors, vocab_size))
-
-
-def _bad(key: str, what: str, value: Any) -> ConfigError:
-    return ConfigError(f"config {key!r} must be {what}, got {value!r}")
-
-
-def _int(v: dict, key: str, low: int) -> int:
-    x = v[key]
-    if isinstance(x, float) and x.is_integer():
-        x = int(x)
-    if isinstance(x, bool) or not isinstance(x, int) or x < low:
-        raise _bad(key, f"an integer >= {low}", x)
-    return x
-
-
-def _float(v: dict, key: str, low: float) -> float:
-    x = v[key]
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < low:
-        raise _bad(key, f"a number >= {low:g}", x)
-    return float(x)
-
-
-def _pos(v: dict, key: str) -> float:
-    x = v[key]
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0:
-        raise _bad(key, "a number > 0", x)
-    return float(x)
-
-
-def _bool(v: dict, key: str) -> bool:
-    x = v[key]
-    if x in (True, False, 0, 1) or x is None:
-        return bool(x)
-    if isinstance(x, str) and x.lower() in ("true", "false", "yes", "no", "on", "off"):
-        return x.lower() in ("true", "yes", "on")
-    raise _bad(key, "a boolean (0/1)", x)
-
-
-def _path(v: dict, key: str) -> str | None:
-    x = v[key]
-    if x is None or (isinstance(x, str) and x):
-        return x
-    raise _bad(key, "a file path", x)

@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from litz.appconfig import ConfigError
+from litz.appconfig import ConfigError, with_defaults
 from litz.appconfig import boolean as _bool
 from litz.appconfig import integer as _int
 from litz.appconfig import number as _float
@@ -46,12 +46,7 @@ class Settings:
     @classmethod
     def from_config(cls, config: dict | None) -> Settings:
         """Defaults filled in, types checked; raises ValueError naming the bad key."""
-        config = dict(config or {})
-        unknown = sorted(set(config) - set(DEFAULTS))
-        if unknown:
-            raise ConfigError(f"unknown config key(s) {', '.join(map(repr, unknown))} for apps.mlr "
-                             f"(known: {', '.join(DEFAULTS)})")
-        v = {**DEFAULTS, **config}
+        v = with_defaults("apps.mlr", config, DEFAULTS)
         out: dict[str, Any] = {
             "train": _path(v, "train"), "test": _path(v, "test"), "synthetic": _bool(v, "synthetic"),
             "n": _int(v, "n", 1), "n_test": _int(v, "n_test", 0), "d": _opt_int(v, "d", 1),
