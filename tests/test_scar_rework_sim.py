@@ -1,0 +1,57 @@
+"""The SCAR rework simulation behind bench/scar_rework.py (thesis §5.5.3-5.5.4): its rework accounting and
+its running checkpoint, on a problem small enough to take well under a second."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+import scar_rework as sr  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def problem():
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((200, 16)) * np.linspace(0.1, 2.0, 16)  # features of very different scales
+    y = np.argmax(X @ rng.standard_normal((16, 4)), axis=1)  # learnable labels: the loss keeps falling
+    return sr.Problem("tiny", X, y, lr=0.3, about="tiny")
+
+
+def test_threshold_grid_costs_rollbacks_exactly_and_small_perturbations_less_than_an_iteration(problem):
+    traj, losses = problem.trajectory(sr.K0)
+    thresholds = sr.threshold_grid(losses)
+    assert (np.diff(thresholds) < 0).all() and len(thresholds) == sr.POSITIONS + 1
+    assert thresholds[0] < losses[sr.K0 - 1] and thresholds[-1] >= losses[sr.K0]
+    steps = problem.steps_to(np.array([traj[0], traj[sr.K0 - 5], traj[sr.K0]]), thresholds)
+    assert (steps[0] == sr.K0).all()  # fault-free: every threshold after exactly K0 iterations
+    assert (steps[1] == 5).all()  # rolled back by 5 iterations: 5 more, whatever the threshold
+    assert (steps[2, :-1] == 0).all()  # already there
+    # a tiny perturbation away from the optimum costs a whole iteration at the zero-slack threshold only
+    nudged = traj[sr.K0] - 0.2 * (traj[sr.K0] - traj[sr.K0 - 1])
+    s = problem.steps_to(nudged[None], thresholds)[0]
+    assert s[-1] == 1 and 0 < s[:-1].mean() < 0.5
+
+
+def test_running_checkpoint_priority_saves_the_rows_that_moved_most(problem):
+    traj, _ = problem.trajectory(sr.K0)
+    d = problem.d
+    trial = sr.Trial(T=3, partition=np.arange(d).reshape(sr.SERVERS, d // sr.SERVERS), order=np.arange(sr.SERVERS))
+    rng = np.random.default_rng(0)
+    r = 0.125  # period round(r * C) = 2: one save, after iteration 2, of 2 of the 16 rows
+    saved = sr.running_checkpoint(traj, trial, r, "priority", rng)
+    moved = np.linalg.norm(traj[2] - traj[0], axis=1)
+    top = set(np.argsort(-moved)[:2].tolist())
+    changed = {q for q in range(d) if not np.array_equal(saved[q], traj[0][q])}
+    assert changed == top
+    assert all(np.array_equal(saved[q], traj[2][q]) for q in top)
+    # per server (as Litz's servers pick): one row from each of the 8 servers of 2 rows
+    per_server = sr.running_checkpoint(traj, trial, r, "priority-server", rng)
+    changed = {q for q in range(d) if not np.array_equal(per_server[q], traj[0][q])}
+    assert len(changed) == sr.SERVERS and {q // 2 for q in changed} == set(range(sr.SERVERS))
+    # round-robin covers every row once per 1/r saves
+    trial.T = 2 * 8 + 1
+    rr = sr.running_checkpoint(traj, trial, r, "round", rng)
+    assert all(not np.array_equal(rr[q], traj[0][q]) for q in range(d))
