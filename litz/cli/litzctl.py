@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
+import os
 import sys
 import time
 
@@ -68,7 +68,7 @@ def format_status(st: dict) -> str:
 
 def _exited(info: dict) -> bool:
     """True once a process on this host is gone (or a zombie); processes elsewhere count once unregistered."""
-    if info.get("host") != socket.gethostname() or not info.get("pid"):
+    if info.get("host") != os.uname().nodename or not info.get("pid"):  # = socket.gethostname()
         return True
     try:
         with open(f"/proc/{info['pid']}/status") as f:
@@ -95,6 +95,21 @@ def wait_gone(job: Membership, idents: list[str], timeout: float, t0: float) -> 
         time.sleep(0.02)
 
 
+def wake(master: dict) -> None:
+    """Tell the master a request is waiting (one UDP datagram); if it is lost, the master's polling finds it."""
+    if not master.get("wake"):
+        return
+    import socket
+
+    host, port = master["wake"]
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.sendto(b"!", addr)
+    except OSError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
@@ -107,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.name:
             raise LitzError("--name is required (see `litzctl list`)")
         job = Membership(kv, args.name)
-        if job.master() is None:
+        master = job.master()
+        if master is None:
             raise LitzError(f"no running job named {args.name!r}"
                             + (f" in etcd at {args.etcd}" if args.etcd else " in the local registry"))
         if args.command == "status":
@@ -119,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         request = {k: v for k, v in vars(args).items() if k not in ("etcd", "name", "command")}
         t0 = time.time()
         rid = job.post_request(args.command, request)
+        wake(master)
         try:
             resp = job.wait_response(rid, REQUEST_TIMEOUT_S)
         except LitzError:

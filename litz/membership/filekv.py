@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import time
 from typing import Any
 
@@ -16,7 +15,7 @@ from typing import Any
 class FileLease:
     def __init__(self, kv: FileKV, ttl: float):
         self.kv, self.ttl = kv, ttl
-        self.id = secrets.token_hex(8)
+        self.id = os.urandom(8).hex()
         self.path = os.path.join(kv.lease_dir, self.id)
         with open(self.path, "w"):
             pass
@@ -79,7 +78,7 @@ class FileKV:
     def put(self, key: str, value: Any, lease: FileLease | None = None) -> None:
         path = self._path(key)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
         with open(tmp, "wb") as f:
             f.write(self._encode(value, lease))
         os.replace(tmp, path)
@@ -87,7 +86,7 @@ class FileKV:
     def create(self, key: str, value: Any, lease: FileLease | None = None) -> bool:
         path = self._path(key)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
         with open(tmp, "wb") as f:
             f.write(self._encode(value, lease))
         try:

@@ -11,8 +11,6 @@ Layout under ``litz/jobs/<name>/``::
 from __future__ import annotations
 
 import os
-import secrets
-import socket
 import threading
 import time
 from typing import Any
@@ -68,7 +66,7 @@ class Membership:
 
     def register_master(self, info: dict) -> None:
         lease = self._start_keepalive()
-        info = {**info, "pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+        info = {**info, "pid": os.getpid(), "host": os.uname().nodename, "started": time.time()}
         if not self.kv.create(self.prefix + "master", info, lease):
             other = self.kv.get(self.prefix + "master") or {}
             raise LitzError(f"job {self.job!r} already has a master (pid {other.get('pid')} on "
@@ -84,7 +82,7 @@ class Membership:
 
     def register(self, role: str, ident: str, info: dict) -> None:
         lease = self._start_keepalive()
-        info = {**info, "role": role, "id": ident, "pid": os.getpid(), "host": socket.gethostname()}
+        info = {**info, "role": role, "id": ident, "pid": os.getpid(), "host": os.uname().nodename}
         self.kv.put(self.prefix + "members/" + ident, info, lease)
 
     def unregister(self) -> None:
@@ -130,7 +128,7 @@ class Membership:
 
     # -- requests from litzctl -----------------------------------------------------------------------
     def post_request(self, command: str, args: dict) -> str:
-        rid = secrets.token_hex(6)
+        rid = os.urandom(6).hex()
         self.kv.put(f"{self.prefix}requests/{rid}", {"command": command, "args": args, "t": time.time()})
         return rid
 
@@ -148,8 +146,9 @@ class Membership:
 
     def wait_response(self, rid: str, timeout: float) -> dict | None:
         """The master's answer to a request; None on timeout. A job that ends meanwhile is an error."""
-        deadline = time.time() + timeout
-        next_alive_check = time.time() + 1.0
+        t0 = time.time()
+        deadline = t0 + timeout
+        next_alive_check = t0 + 1.0
         while time.time() < deadline:
             resp = self.kv.get(f"{self.prefix}responses/{rid}")
             if resp is not None:
@@ -159,5 +158,5 @@ class Membership:
                 next_alive_check = time.time() + 1.0
                 if self.master() is None:
                     raise LitzError(f"job {self.job!r} ended before answering")
-            time.sleep(0.05)
+            time.sleep(0.01 if time.time() - t0 < 2.0 else 0.05)  # a woken master answers within milliseconds
         return None
