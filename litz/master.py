@@ -11,6 +11,7 @@ follow it; a shard's old server forwards until every worker has the new map.
 """
 from __future__ import annotations
 
+import socket
 import time
 import traceback
 from collections import defaultdict
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import zmq
 
 from . import protocol as P
 from .appload import App
@@ -31,9 +33,23 @@ from .process import Process
 from .recovery import CorruptCheckpoint, Recovery, warn
 
 MEMBERSHIP_CHECK_S = 0.5
-REQUESTS_CHECK_S = 0.05  # litzctl requests: scale-in latency starts here
+REQUESTS_CHECK_S = 0.05  # litzctl requests, when no wake-up datagram arrives (see open_wake_socket)
 STATUS_EVERY_S = 1.0
 HISTORY_SAMPLES = 3600  # an hour of once-a-second samples for litzctl plot
+
+
+def open_wake_socket(host: str) -> socket.socket | None:
+    """A UDP socket litzctl pings after posting a request, so the master takes it at once instead of at its next
+    poll of the registry. The datagram carries nothing but the hint: requests themselves still come only
+    through the registry. None if it cannot be bound (the master then polls only)."""
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, 0, type=socket.SOCK_DGRAM)[0]
+        sock = socket.socket(family, socket.SOCK_DGRAM)
+        sock.bind(addr)
+        sock.setblocking(False)
+        return sock
+    except OSError:
+        return None
 
 
 class Member:
@@ -90,7 +106,13 @@ class Master(Process):
         self.map_dirty = False
         self.last_owned: dict[str, int] = {}  # server -> last map version in which it held a shard
         self.moving_executors: dict[int, str] = {}
+        # scale-out moves: first the input data (eid -> dest), while the executor keeps running at its source
+        self.copying_input: dict[int, str] = {}
+        self.copy_sent: set[int] = set()  # COPY_INPUT sent; the others wait for their channel
+        self.channel_busy: dict[tuple[str, str], int] = {}  # (source, dest) -> the executor copying or moving on it
+        self.copied_ready: dict[int, str] = {}  # copies that arrived during a snapshot: moved once it is written
         self.moving_shards: dict[int, str] = {}
+        self.spawning: list[tuple[str, Any, float]] = []  # (role, process, when): started by scale, not joined
         self.held: dict[int, list] = defaultdict(list)  # tasks for moving executors
         self.operation: ScaleOperation | None = None
         self.driver = None
@@ -115,10 +137,32 @@ class Master(Process):
         self.memory_limit = memory_limit  # per worker, for executor state (out-of-core beyond it)
         self.history: list[dict] = []  # status samples over time, for litzctl plot
         self.resume = resume
+        self.wake_host = endpoint.get("host", "127.0.0.1")
+        self.wake = open_wake_socket(endpoint.get("bind_host") or self.wake_host)
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def register(self) -> None:
-        self.membership.register_master({"address": self.endpoint.address, "app": self.app.name})
+        info = {"address": self.endpoint.address, "app": self.app.name}
+        if self.wake is not None:
+            info["wake"] = [self.wake_host, self.wake.getsockname()[1]]
+        self.membership.register_master(info)
+
+    def woken(self) -> bool:
+        """True if litzctl pinged since the last call (datagrams are read and dropped: they only say 'look')."""
+        pinged = False
+        while True:
+            try:
+                self.wake.recv(64)
+                pinged = True
+            except (BlockingIOError, InterruptedError):
+                return pinged
+            except OSError:  # e.g. ICMP errors reported on the socket: nothing to read
+                return pinged
+
+    def close(self) -> None:
+        if self.wake is not None:
+            self.wake.close()
+        super().close()
 
     def run(self) -> Any:
         """Start the job, drive it to ``finish()``, and return the result."""
@@ -129,9 +173,15 @@ class Master(Process):
             self.place_and_create()
             self.start_driver()
         last_check = last_status = last_requests = time.time()
-        ep = self.endpoint
+        router = self.endpoint.router
+        poller = zmq.Poller()
+        poller.register(router, zmq.POLLIN)
+        wake_fd = self.wake.fileno() if self.wake is not None else None
+        if wake_fd is not None:
+            poller.register(wake_fd, zmq.POLLIN)
         while not self.finished:
-            if ep.poll(100):
+            ready = dict(poller.poll(100))
+            if router in ready:
                 for sender, msg in self.receive():
                     self.handle(sender, msg)
                     if self.finished:
@@ -143,7 +193,7 @@ class Master(Process):
                 self.check_members()
                 self.inject_faults()
                 self.after_batch()
-            if now - last_requests > REQUESTS_CHECK_S:
+            if (wake_fd in ready and self.woken()) or now - last_requests > REQUESTS_CHECK_S:
                 last_requests = now
                 self.take_requests()
                 self.after_batch()
@@ -276,6 +326,10 @@ class Master(Process):
         """Forget every task, move and hold of the previous epoch (the processes forget theirs)."""
         self.num_executors = num_executors
         self.moving_executors.clear()
+        self.copying_input.clear()
+        self.copy_sent.clear()
+        self.channel_busy.clear()
+        self.copied_ready.clear()
         self.moving_shards.clear()
         self.held.clear()
         self.paused_tasks.clear()
@@ -310,6 +364,8 @@ class Master(Process):
                 member.stats = msg[1]
         elif tag == P.MOVED:
             self.on_executor_moved(sender, msg[1], msg[2])
+        elif tag == P.INPUT_READY:
+            self.on_input_copied(sender, msg[1])
         elif tag == P.SHARD_MOVED:
             self.on_shard_moved(sender, msg[1], msg[2])
         elif tag == P.RETIRED:
@@ -348,6 +404,8 @@ class Master(Process):
         self.endpoint.connect(ident, info["address"])
         members = self.workers if role == "worker" else self.servers
         members[ident] = Member(ident, role, {**(self.membership.member(ident) or {}), **info})
+        pid = members[ident].info.get("pid")
+        self.spawning = [s for s in self.spawning if getattr(s[1], "pid", None) != pid]
         if not self.executor_owner:
             return  # placement not made yet: the newcomer is part of the initial one
         if role == "worker":
@@ -436,10 +494,10 @@ class Master(Process):
         if not self.started or self.recovery.in_progress is not None:
             return
         self.flush_outbox()  # tasks already dispatched must reach a source before its move order
-        workers = sorted(m.ident for m in self.workers.values() if m.state == "active" and m.ready)
-        servers = sorted(m.ident for m in self.servers.values() if m.state == "active")
-        ex_moves = plan_moves(self.executor_owner, self.moving_executors, workers)
-        shard_moves = plan_moves(self.shard_owner, self.moving_shards, servers)
+        for eid, dest in list(self.copied_ready.items()):
+            self.on_input_copied(dest, eid)
+        self.start_copies()  # calls off copies to processes that are leaving before planning
+        ex_moves, shard_moves = self.plan()
         if ex_moves or shard_moves or kind == "scale_in":
             if self.operation is None:
                 self.operation = ScaleOperation(kind, time.time(), processes)
@@ -447,22 +505,76 @@ class Master(Process):
                 self.operation.processes.extend(processes)
         draining = {m.ident for m in self.workers.values() if m.state == "draining"}
         for eid, src, dest in ex_moves:
-            self.moving_executors[eid] = dest
-            self.send(src, (P.MOVE_EXECUTOR, eid, dest, src not in draining))  # leaving: drop input data
+            if src in draining:  # leaving: its input data is dropped and re-loaded at the destination
+                self.moving_executors[eid] = dest
+                self.send(src, (P.MOVE_EXECUTOR, eid, dest, False, False))
+            else:  # input data first, from memory, while the executor keeps running; then the executor
+                self.copying_input[eid] = dest
+        self.start_copies()
         for shard, src, dest in shard_moves:
             self.moving_shards[shard] = dest
             self.send(src, (P.MOVE_SHARD, shard, dest))
         self.check_retirements()
         self.maybe_end_operation()
 
+    def start_copies(self) -> bool:
+        """Send the input of waiting scale-out moves, one executor at a time per (source, dest) pair.
+
+        A pair's messages share one ordered channel: had every input been sent at once, the first executor's
+        state would queue behind the others' input data, and stall. Copies to a destination that is leaving
+        are called off (True if any was: the caller re-plans)."""
+        dropped = False
+        for eid, dest in list(self.copying_input.items()):
+            if eid in self.copy_sent:
+                continue
+            member = self.workers.get(dest)
+            if member is None or member.state != "active":
+                del self.copying_input[eid]
+                dropped = True
+                continue
+            src = self.executor_owner[eid]
+            if (src, dest) not in self.channel_busy:
+                self.channel_busy[(src, dest)] = eid
+                self.copy_sent.add(eid)
+                self.send(src, (P.COPY_INPUT, eid, dest))
+        return dropped
+
+    def on_input_copied(self, dest: str, eid: int) -> None:
+        """The input data of ``eid`` has reached ``dest``: move the executor itself (state and queued tasks)."""
+        if self.copying_input.get(eid) != dest or eid not in self.copy_sent:
+            return
+        if self.recovery.in_progress is not None:  # a snapshot is being written: move once it is complete
+            self.copied_ready[eid] = dest
+            return
+        self.copied_ready.pop(eid, None)
+        del self.copying_input[eid]
+        self.copy_sent.discard(eid)
+        src = self.executor_owner[eid]
+        member = self.workers.get(dest)
+        if member is None or member.state != "active":  # dest is leaving: call this move off
+            self.channel_busy.pop((src, dest), None)
+            for ident in (dest, src):
+                if ident in self.workers:
+                    self.send(ident, (P.DROP_INPUT, eid))
+            self.rebalance(self.operation.kind if self.operation else "scale_out", [])
+            self.check_retirements()
+            self.maybe_end_operation()
+            return
+        self.moving_executors[eid] = dest  # the pair's channel stays busy until the executor has arrived
+        self.send(src, (P.MOVE_EXECUTOR, eid, dest, False, True))
+
     def on_executor_moved(self, dest: str, eid: int, nbytes: int) -> None:
         self.moving_executors.pop(eid, None)
-        self.executor_owner[eid] = dest
+        src, self.executor_owner[eid] = self.executor_owner[eid], dest
         for task in self.held.pop(eid, ()):
             self.route(task)
         if self.operation:
             self.operation.bytes += nbytes
             self.operation.executors_moved += 1
+        if self.channel_busy.get((src, dest)) == eid:
+            del self.channel_busy[(src, dest)]
+            if self.start_copies():
+                self.rebalance(self.operation.kind if self.operation else "scale_out", [])
         self.maybe_end_operation()
 
     def on_shard_moved(self, dest: str, shard: int, nbytes: int) -> None:
@@ -487,7 +599,8 @@ class Master(Process):
         for m in list(self.workers.values()):
             # a draining worker exits once it has shipped its executors and flushed its results: it need not
             # wait for the destinations to re-load input data (that is what makes scale-in release fast)
-            if m.state == "draining" and not m.retire_sent and m.ident not in self.moving_executors.values():
+            if (m.state == "draining" and not m.retire_sent and m.ident not in self.moving_executors.values()
+                    and m.ident not in self.copying_input.values()):
                 m.retire_sent = True
                 self.send(m.ident, (P.RETIRE, []))
         if self.map_dirty:
@@ -512,14 +625,16 @@ class Master(Process):
 
     def maybe_end_operation(self) -> None:
         op = self.operation
-        if op is None or self.moving_executors or self.moving_shards or self.map_dirty:
+        if op is None or self.moving_executors or self.copying_input or self.moving_shards or self.map_dirty:
             return
         if self.plan_needed():  # processes joined while items were in flight: keep going until balanced
             self.rebalance(op.kind, [])
-            if self.moving_executors or self.moving_shards:
+            if self.moving_executors or self.copying_input or self.moving_shards:
                 return
         if any(m.state == "draining" for m in (*self.workers.values(), *self.servers.values())):
             return
+        if self.pending("worker") or self.pending("server"):
+            return  # processes this operation started have not all joined yet
         end = time.time()
         self.joblog.event(op.kind, t=round(op.t0 - self.joblog.start, 4), end=round(end - self.joblog.start, 4),
                           duration_s=round(end - op.t0, 4), bytes=op.bytes, executors_moved=op.executors_moved,
@@ -528,10 +643,27 @@ class Master(Process):
         self.operation = None
 
     def plan_needed(self) -> bool:
-        workers = [m.ident for m in self.workers.values() if m.state == "active" and m.ready]
-        servers = [m.ident for m in self.servers.values() if m.state == "active"]
-        return bool(plan_moves(self.executor_owner, self.moving_executors, workers)
-                    or plan_moves(self.shard_owner, self.moving_shards, servers))
+        ex_moves, shard_moves = self.plan()
+        return bool(ex_moves or shard_moves)
+
+    def pending(self, role: str) -> list[str]:
+        """Processes about to join as ``role``: started by ``scale`` and not heard from, or (workers) joined and
+        still loading the app. The balancer plans for them, so a multi-process scale-out moves each item once."""
+        pending = [f"+{role}{i}" for i, s in enumerate(self.spawning) if s[0] == role]
+        if role == "worker":
+            pending += [m.ident for m in self.workers.values() if m.state == "active" and not m.ready]
+        return pending
+
+    def plan(self) -> tuple[list, list]:
+        """Executor and shard moves that balance the active processes (see :func:`.placement.plan_moves`)."""
+        workers = sorted(m.ident for m in self.workers.values() if m.state == "active" and m.ready)
+        servers = sorted(m.ident for m in self.servers.values() if m.state == "active")
+        leaving = any(m.state == "draining" for m in (*self.workers.values(), *self.servers.values()))
+        ex_moves = plan_moves(self.executor_owner, {**self.moving_executors, **self.copying_input}, workers,
+                              [] if leaving else self.pending("worker"))  # a leaving process cannot wait
+        shard_moves = plan_moves(self.shard_owner, self.moving_shards, servers,
+                                 [] if leaving else self.pending("server"))
+        return ex_moves, shard_moves
 
     def drain(self, idents: list[str]) -> str:
         """Move everything off these processes; each exits once empty. Returns what is happening."""
@@ -560,7 +692,7 @@ class Master(Process):
                 more = target - len(active)
                 if self.spawn is not None:
                     for _ in range(more):
-                        self.spawn(role)
+                        self.spawning.append((role, self.spawn(role), time.time()))
                     said.append(f"starting {more} {role}(s)")
                 else:
                     said.append(f"waiting for {more} more {role}(s) to join: start `litz {role} --etcd ... "
@@ -598,7 +730,18 @@ class Master(Process):
         self.servers.pop(ident, None)
         self.endpoint.disconnect(ident)
 
+    def check_spawning(self) -> None:
+        """Forget started processes that died or did not join in time, and balance without them."""
+        now = time.time()
+        gone = [s for s in self.spawning if (getattr(s[1], "poll", None) is not None and s[1].poll() is not None)
+                or now - s[2] > self.start_timeout]
+        if gone:
+            self.spawning = [s for s in self.spawning if s not in gone]
+            self.rebalance("scale_out", [])
+            self.maybe_end_operation()
+
     def check_members(self) -> None:
+        self.check_spawning()
         lost = self.find_lost()
         if lost:
             why = ", ".join(f"{m.role} {m.ident} (pid {m.info.get('pid')} on {m.info.get('host')})" for m in lost)
@@ -676,7 +819,8 @@ class Master(Process):
             "tasks_per_s": round(self.rate(), 1), "elapsed_s": round(self.joblog.elapsed(), 3),
             "executors": self.num_executors, "shards": len(self.shard_owner), "epoch": self.epoch,
             "checkpoints": len([e for e in self.joblog.events if e["kind"] == "checkpoint"]),
-            "moving": {"executors": len(self.moving_executors), "shards": len(self.moving_shards)},
+            "moving": {"executors": len(self.moving_executors) + len(self.copying_input),
+                       "shards": len(self.moving_shards)},
             "report": self.joblog.last_report,
             "workers": [{"id": m.ident, "pid": m.info.get("pid"), "host": m.info.get("host"), "state": m.state,
                          "address": m.info.get("address"),

@@ -16,8 +16,12 @@ STOP = "stop"          # master -> worker/server: (STOP,)
 STATS = "stats"        # worker/server -> master: (STATS, {rss, ...}) about once a second
 
 # elasticity
-MOVE_EXECUTOR = "move_executor"  # master -> source worker: (MOVE_EXECUTOR, eid, dest, with_input)
-EXECUTOR = "executor"            # source -> dest worker: (EXECUTOR, eid, state, buffered_tasks, with_input)
+MOVE_EXECUTOR = "move_executor"  # master -> source worker: (MOVE_EXECUTOR, eid, dest, with_input, copied)
+EXECUTOR = "executor"            # source -> dest worker: (EXECUTOR, eid, state, buffered_tasks, with_input, copied)
+COPY_INPUT = "copy_input"        # master -> source worker: (COPY_INPUT, eid, dest) scale-out: send the input ahead
+INPUT = "input"                  # source -> dest worker: (INPUT, eid, {attr: value}) while eid keeps running
+INPUT_READY = "input_ready"      # dest worker -> master: (INPUT_READY, eid) now move eid itself (copied=True)
+DROP_INPUT = "drop_input"        # master -> dest worker: (DROP_INPUT, eid) the move was called off
 MOVED = "moved"                  # dest worker -> master: (MOVED, eid, bytes)
 MOVE_SHARD = "move_shard"        # master -> source server: (MOVE_SHARD, shard, dest)
 SHARD_DATA = "shard_data"        # source -> dest server: (SHARD_DATA, shard, table)

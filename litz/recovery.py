@@ -268,7 +268,8 @@ class Recovery:
         """Only lost servers (executors all alive), nothing moving, a live server left, something to restore."""
         m = self.master
         lost_ids = {x.ident for x in lost}
-        return (all(x.role == "server" for x in lost) and not m.moving_executors and not m.moving_shards
+        return (all(x.role == "server" for x in lost) and not m.moving_executors and not m.copying_input
+                and not m.moving_shards
                 and any(i not in lost_ids for i in m.servers) and (self.priority is not None or bool(self.usable())))
 
     def recover_partially(self, lost: list[Member]) -> None:

@@ -78,7 +78,9 @@ class Worker(Process):
         self.completed: list[tuple[int, Any]] = []
         self.flushing: dict[int, list] = {}  # flush_id -> [items not yet acknowledged, results]
         self.started: dict[int, int] = defaultdict(int)  # eid -> tasks started and not finished
-        self.moving: dict[int, tuple[str, bool, list]] = {}  # eid -> (dest, with_input, buffered tasks)
+        self.moving: dict[int, tuple[str, bool, bool, list]] = {}  # eid -> (dest, with_input, copied, buffered)
+        self.copied: dict[int, dict] = {}  # eid -> input data sent ahead to its destination (scale-out)
+        self.preloaded: dict[int, tuple[dict, int]] = {}  # eid -> (input data, bytes) received ahead of eid
         self.retiring = False
         self.map_version = -1
         self.gen = 0  # bumped by a restore: tasks of an older generation are gone
@@ -156,9 +158,17 @@ class Worker(Process):
         elif tag == P.CREATE:
             self.create_executors(msg[1])
         elif tag == P.MOVE_EXECUTOR:
-            self.start_move(msg[1], msg[2], msg[3])
+            self.start_move(msg[1], msg[2], msg[3], msg[4])
         elif tag == P.EXECUTOR:
-            self.receive_executor(msg[1], msg[2], msg[3], msg[4])
+            self.receive_executor(msg[1], msg[2], msg[3], msg[4], msg[5])
+        elif tag == P.COPY_INPUT:
+            self.copy_input(msg[1], msg[2])
+        elif tag == P.INPUT:
+            self.preloaded[msg[1]] = (msg[2], wire.size_of(msg[2]))
+            self.send("master", (P.INPUT_READY, msg[1]))
+        elif tag == P.DROP_INPUT:  # the move was called off: sent to its source and its destination
+            self.preloaded.pop(msg[1], None)
+            self.copied.pop(msg[1], None)
         elif tag == P.RETIRE:
             self.retiring = True
         elif tag == P.CHECKPOINT:
@@ -291,13 +301,27 @@ class Worker(Process):
         if self.residency.budget is not None:
             self.enforce_budget()
 
-    def start_move(self, eid: int, dest: str, with_input: bool) -> None:
+    def copy_input(self, eid: int, dest: str) -> None:
+        """Scale-out, first step: send ``eid``'s input data to ``dest`` while ``eid`` keeps running here.
+
+        Input data is read-only by contract, so only the executor's (small) state moves later and the
+        executor stops for that alone, not for the transfer of its input."""
+        self.load_now(eid)
+        ex = self.executors.get(eid)
+        if ex is None:
+            self.fail(f"worker {self.ident}", f"asked to copy the input of executor {eid}, which is not here")
+            return
+        data = {a: ex.__dict__[a] for a in ex.input_attrs if a in ex.__dict__}
+        self.copied[eid] = data
+        self.send(dest, (P.INPUT, eid, data), pickler=cloudpickle)
+
+    def start_move(self, eid: int, dest: str, with_input: bool, copied: bool = False) -> None:
         """Stop starting tasks of ``eid``; it ships once its started tasks have finished (thesis §4.4)."""
         self.load_now(eid)
         queued = [t for t in self.runnable if t.eid == eid and t.glet is None]
         if queued:
             self.runnable = deque(t for t in self.runnable if not (t.eid == eid and t.glet is None))
-        self.moving[eid] = (dest, with_input, [(t.tid, t.eid, t.version, t.args) for t in queued])
+        self.moving[eid] = (dest, with_input, copied, [(t.tid, t.eid, t.version, t.args) for t in queued])
         self.pending[eid] -= len(queued)
         self.ship_ready_executors()
 
@@ -311,22 +335,31 @@ class Worker(Process):
 
     def ship_ready_executors(self) -> None:
         for eid in [e for e in self.moving if self.started[e] == 0]:
-            dest, with_input, buffered = self.moving.pop(eid)
+            dest, with_input, copied, buffered = self.moving.pop(eid)
             ex = self.executors.pop(eid, None)
+            sent_ahead = self.copied.pop(eid, None)
             if ex is None:
                 self.fail(f"worker {self.ident}", f"asked to move executor {eid}, which is not here")
                 continue
             state = executor_state(ex, with_input)
-            self.send(dest, (P.EXECUTOR, eid, state, buffered, with_input), pickler=cloudpickle)
+            if copied and isinstance(state, dict):  # input attributes re-assigned since the copy travel too
+                state.update({a: v for a, v in ex.__dict__.items()
+                              if a in ex.input_attrs and (sent_ahead is None or sent_ahead.get(a) is not v)})
+            self.send(dest, (P.EXECUTOR, eid, state, buffered, with_input, copied), pickler=cloudpickle)
             self.moved_to[eid] = dest
             self.residency.remove(eid)
 
-    def receive_executor(self, eid: int, state: Any, buffered: list, with_input: bool) -> None:
+    def receive_executor(self, eid: int, state: Any, buffered: list, with_input: bool, copied: bool = False) -> None:
+        data, nbytes = self.preloaded.pop(eid, (None, 0)) if copied else (None, 0)
         try:
             ex = self.install(eid, state)
-            if not with_input:
-                ex.load_input()
+            if data is not None:
+                if isinstance(state, dict):
+                    ex.__dict__.update({a: v for a, v in data.items() if a not in state})
                 self.residency.add(eid, ex)  # account again, now with its input data
+            elif not with_input:
+                ex.load_input()
+                self.residency.add(eid, ex)
         except Exception as exc:
             self.fail(*describe_app_exception(f"executor {eid} load_input after moving", exc))
             return
@@ -334,7 +367,7 @@ class Worker(Process):
         for tid, _, version, args in buffered:
             self.runnable.append(Task(tid, eid, version, args, self.gen))
             self.pending[eid] += 1
-        self.send("master", (P.MOVED, eid, wire.size_of(state)))
+        self.send("master", (P.MOVED, eid, wire.size_of(state) + nbytes))
 
     # -- checkpoints and recovery --------------------------------------------------------------------
     def checkpoint(self, root: str) -> None:
@@ -366,6 +399,8 @@ class Worker(Process):
         self.flushing = {}
         self.started.clear()
         self.moving.clear()
+        self.copied.clear()
+        self.preloaded.clear()
         self.moved_to.clear()
         self.retiring = False
         self.pending.clear()
