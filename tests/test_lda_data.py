@@ -157,6 +157,34 @@ def test_sampler_keeps_counts_consistent() -> None:
     assert z.min() >= 0 and z.max() < K
 
 
+@pytest.mark.parametrize("word_topics", [[2, 1, 0, 0, 5, 0], [2, 1, 3, 0, 5, 1]], ids=["sparse", "dense"])
+def test_sampler_draws_from_the_exact_conditional(word_topics) -> None:
+    """One token resampled from the same state 20 000 times: the topic frequencies match the collapsed
+    Gibbs conditional (n_dk + a)(n_wk + b)/(n_k + Vb) with the token removed (chi-square, fixed seeds).
+    Covers all three buckets (alpha and beta large enough to matter) and both word-bucket paths."""
+    K, V, alpha, beta = 6, 5, 0.5, 0.3
+    t = 0
+    ndk0 = np.array([[4, 0, 1, 0, 2, 0]], np.int32)  # includes the token (topic 0)
+    wt0 = np.zeros((V, K), np.int32)
+    wt0[1] = word_topics
+    nk0 = np.array([20, 15, 9, 30, 12, 7], np.int64)
+    removed = np.eye(K, dtype=np.int64)[t]
+    p = (ndk0[0] - removed + alpha) * (wt0[1] - removed + beta) / (nk0 - removed + V * beta)
+    p /= p.sum()
+    word, run_doc, run_ptr = np.array([1], np.int32), np.array([0], np.int32), np.array([0, 1], np.int64)
+    draws = 20_000
+    counts = np.zeros(K, np.int64)
+    for seed in range(1, draws + 1):
+        z, ndk, wt, nk = np.array([t], np.int16), ndk0.copy(), wt0.copy(), nk0.copy()
+        kernels.sample_block(word, z, run_doc, run_ptr, 0, 1, ndk, wt, nk, alpha, beta, V * beta,
+                             np.uint64(kernels.task_seed(7, 0, seed)))
+        counts[z[0]] += 1
+        assert ndk[0, z[0]] == ndk0[0, z[0]] + (z[0] != t) and wt[1, z[0]] == wt0[1, z[0]] + (z[0] != t)
+    expected = p * draws
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 30.0, (counts.tolist(), expected.round(1).tolist())  # 5 degrees of freedom: p < 1e-5
+
+
 def test_log_likelihood_matches_direct_formula() -> None:
     import math
 
