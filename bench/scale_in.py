@@ -20,10 +20,10 @@ then stops the job (``litzctl stop``). For each operation:
    registry) and the time the ``litzctl`` command took;
  * the ``scale_in`` event of the ``--output`` document: move duration, bytes, executors and shards moved.
 
-Target (issue 3): latency <= 0.5 s + bytes / 1 GB/s. Bytes = the event's bytes; executor moves are reported
-with 0 bytes by the runtime (litz/wire.py ``size_of`` uses plain pickle, which cannot pickle app classes a
-worker received by value), so the executor bytes are added from an in-process estimate (the cloudpickle
-size of one executor's state without input, times the executors moved). Medians over ``--repeats`` rounds.
+Target (issue 3): latency <= 0.5 s + bytes / 1 GB/s. Bytes = the event's bytes (executor state and shards
+the runtime moved; should an event report 0 for executor moves, an in-process estimate is added: the
+cloudpickle size of one executor's state without input, times the executors moved). Medians over
+``--repeats`` rounds.
 """
 from __future__ import annotations
 
@@ -167,8 +167,8 @@ def main() -> int:
            "blas_threads": args.blas_threads, "model_bytes": model_bytes, "executor_state_bytes": state_bytes,
            "load_input_s_per_executor": load_input_s,
            "met": met, "summary": summary,
-           "note": "scale_in events report bytes=0 for executor moves (litz/wire.py size_of uses plain pickle); "
-                   "bytes here add executors_moved x executor_state_bytes (cloudpickle size, no input data)",
+           "note": "bytes are the scale_in event's; only if an event reported 0 are executors_moved x "
+                   "executor_state_bytes (cloudpickle size, no input data) added",
            "rounds": rounds}
     path = _table.write_result("scale_in", doc, quick=args.quick)
     rows = {}
