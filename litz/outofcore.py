@@ -1,10 +1,13 @@
 """Out-of-core execution on a worker (thesis §4.8): a memory budget for executor state, input data included.
 
 Over the budget, idle executors (no task queued, waiting or running) are written to a private spill
-directory and dropped, least recently used first. A task for an evicted executor makes it load in a
-background thread at once (prefetch), so loading overlaps the other executors' tasks. A budget smaller
-than one executor's state still runs: one executor at a time. Spill files carry a checksum; a corrupted
-one is an error naming the file, never silently wrong state. Spill files go when the worker ends.
+directory and dropped, least recently used first. Input data (``input_attrs``, read-only by contract) is
+written once and its file kept across later evictions and loads; only the rest of the state is rewritten
+each time, so evicting an executor that holds mostly input costs almost nothing. A task for an evicted
+executor makes it load in a background thread at once (prefetch), so loading overlaps the other
+executors' tasks. A budget smaller than one executor's state still runs: one executor at a time. Spill
+files carry a checksum; a corrupted one is an error naming the file, never silently wrong state. Spill
+files go when the worker ends.
 """
 from __future__ import annotations
 
@@ -66,6 +69,12 @@ class Spilled:
     nbytes: int
 
 
+def _write(path: str, data: bytes) -> Spilled:
+    with open(path, "wb") as f:
+        f.write(data)
+    return Spilled(path, hashlib.sha256(data).hexdigest(), len(data))
+
+
 class Residency:
     """Which executors are in memory, their sizes, the spilled ones, and loads under way."""
 
@@ -74,6 +83,9 @@ class Residency:
         self.sizes: dict[int, int] = {}
         self.lru: OrderedDict[int, None] = OrderedDict()  # in memory, least recently used first
         self.spilled: dict[int, Spilled] = {}
+        # input data kept on disk per executor, with the ids of the objects it holds: a reassigned input
+        # attribute (another object) is written again, so a stale file is never loaded
+        self.inputs: dict[int, tuple[Spilled, dict[str, int]]] = {}
         self.loading: dict[int, Future] = {}
         self.dirty: set[int] = set()
         self._pool: ThreadPoolExecutor | None = None
@@ -104,9 +116,9 @@ class Residency:
         self.sizes.pop(eid, None)
         self.lru.pop(eid, None)
         self.dirty.discard(eid)
-        rec = self.spilled.pop(eid, None)
-        if rec is not None:
-            _unlink(rec.path)
+        for rec in (self.spilled.pop(eid, None), self.inputs.pop(eid, (None,))[0]):
+            if rec is not None:
+                _unlink(rec.path)
 
     def refresh(self, executors: dict[int, Any]) -> None:
         for eid in self.dirty:
@@ -119,22 +131,40 @@ class Residency:
 
     # -- evicting and loading ------------------------------------------------------------------------
     def evict(self, eid: int, executor: Any) -> tuple[int, float]:
-        """Write the whole executor (input data too) to disk; the caller drops it. Returns (bytes, seconds)."""
+        """Write the executor to disk (its input data only if not already there); the caller drops it.
+        Returns (bytes written, seconds)."""
         t0 = time.perf_counter()
-        data = cloudpickle.dumps(executor.__getstate__(), protocol=5)
-        path = os.path.join(self._dir(), f"e{eid:05d}.pkl")
-        with open(path, "wb") as f:
-            f.write(data)
-        self.spilled[eid] = Spilled(path, hashlib.sha256(data).hexdigest(), len(data))
+        state = executor.__getstate__()
+        written = 0
+        names = [a for a in getattr(executor, "input_attrs", ()) if a in state] if isinstance(state, dict) else []
+        if names:
+            ids = {a: id(state[a]) for a in names}
+            kept = self.inputs.get(eid)
+            if kept is None or kept[1] != ids:
+                data = cloudpickle.dumps({a: state[a] for a in names}, protocol=5)
+                rec = _write(os.path.join(self._dir(), f"e{eid:05d}-input.pkl"), data)
+                self.inputs[eid] = (rec, ids)
+                written += rec.nbytes
+            state = {k: v for k, v in state.items() if k not in ids}
+        else:
+            self.inputs.pop(eid, None)
+        rec = _write(os.path.join(self._dir(), f"e{eid:05d}.pkl"), cloudpickle.dumps(state, protocol=5))
+        self.spilled[eid] = rec
         self.sizes.pop(eid, None)
         self.lru.pop(eid, None)
-        return len(data), time.perf_counter() - t0
+        return written + rec.nbytes, time.perf_counter() - t0
+
+    def load_bytes(self, eid: int) -> int:
+        """What loading ``eid`` brings back into memory (state and input data)."""
+        kept = self.inputs.get(eid)
+        return self.spilled[eid].nbytes + (kept[0].nbytes if kept else 0)
 
     def start_load(self, eid: int) -> None:
         if eid in self.spilled and eid not in self.loading:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="litz-prefetch")
-            self.loading[eid] = self._pool.submit(_read, self.spilled[eid])
+            kept = self.inputs.get(eid)
+            self.loading[eid] = self._pool.submit(_read, self.spilled[eid], kept[0] if kept else None)
 
     def finished_loads(self) -> list[tuple[int, Any, int, float]]:
         """(eid, state, bytes, seconds) of loads that completed; raises LitzError for a corrupted spill file."""
@@ -143,9 +173,13 @@ class Residency:
             if fut.done():
                 del self.loading[eid]
                 state, seconds = fut.result()
+                nbytes = self.load_bytes(eid)
                 rec = self.spilled.pop(eid)
                 _unlink(rec.path)
-                done.append((eid, state, rec.nbytes, seconds))
+                if eid in self.inputs:  # the objects now in the executor are the ones the kept file holds
+                    kept, ids = self.inputs[eid]
+                    self.inputs[eid] = (kept, {a: id(state[a]) for a in ids})
+                done.append((eid, state, nbytes, seconds))
         return done
 
     def load_now(self, eid: int) -> tuple[Any, int, float]:
@@ -163,13 +197,20 @@ class Residency:
             shutil.rmtree(self.spill_dir, ignore_errors=True)
 
 
-def _read(rec: Spilled) -> tuple[Any, float]:
+def _read(rec: Spilled, input_rec: Spilled | None = None) -> tuple[Any, float]:
     t0 = time.perf_counter()
+    state = _checked_load(rec)
+    if input_rec is not None:
+        state.update(_checked_load(input_rec))
+    return state, time.perf_counter() - t0
+
+
+def _checked_load(rec: Spilled) -> Any:
     with open(rec.path, "rb") as f:
         data = f.read()
     if len(data) != rec.nbytes or hashlib.sha256(data).hexdigest() != rec.sha256:
         raise LitzError(f"spill file {rec.path} is corrupted (checksum differs); the executor's state is lost")
-    return cloudpickle.loads(data), time.perf_counter() - t0
+    return cloudpickle.loads(data)
 
 
 def _unlink(path: str) -> None:

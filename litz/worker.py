@@ -232,9 +232,8 @@ class Worker(Process):
             self.evict_idle(everything=True)  # the process grew beyond what the accounting sees
 
     def prefetch(self, eid: int) -> None:
-        rec = self.residency.spilled.get(eid)
-        if rec is not None and eid not in self.residency.loading:
-            self.evict_idle(need=rec.nbytes)
+        if eid in self.residency.spilled and eid not in self.residency.loading:
+            self.evict_idle(need=self.residency.load_bytes(eid))
             self.residency.start_load(eid)
 
     def finish_loads(self) -> None:
