@@ -69,9 +69,15 @@ class Spilled:
     nbytes: int
 
 
-def _write(path: str, data: bytes) -> Spilled:
+def _write(path: str, data: bytes, kept: bool = False) -> Spilled:
+    """A spill file. A ``kept`` one (input data) stays on disk between loads: its pages are dropped from the
+    page cache, which would otherwise hold a second copy of the input in the memory being saved."""
     with open(path, "wb") as f:
         f.write(data)
+        if kept:
+            f.flush()
+            os.fdatasync(f.fileno())
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
     return Spilled(path, hashlib.sha256(data).hexdigest(), len(data))
 
 
@@ -142,7 +148,7 @@ class Residency:
             kept = self.inputs.get(eid)
             if kept is None or kept[1] != ids:
                 data = cloudpickle.dumps({a: state[a] for a in names}, protocol=5)
-                rec = _write(os.path.join(self._dir(), f"e{eid:05d}-input.pkl"), data)
+                rec = _write(os.path.join(self._dir(), f"e{eid:05d}-input.pkl"), data, kept=True)
                 self.inputs[eid] = (rec, ids)
                 written += rec.nbytes
             state = {k: v for k, v in state.items() if k not in ids}
@@ -201,13 +207,15 @@ def _read(rec: Spilled, input_rec: Spilled | None = None) -> tuple[Any, float]:
     t0 = time.perf_counter()
     state = _checked_load(rec)
     if input_rec is not None:
-        state.update(_checked_load(input_rec))
+        state.update(_checked_load(input_rec, kept=True))
     return state, time.perf_counter() - t0
 
 
-def _checked_load(rec: Spilled) -> Any:
+def _checked_load(rec: Spilled, kept: bool = False) -> Any:
     with open(rec.path, "rb") as f:
         data = f.read()
+        if kept:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
     if len(data) != rec.nbytes or hashlib.sha256(data).hexdigest() != rec.sha256:
         raise LitzError(f"spill file {rec.path} is corrupted (checksum differs); the executor's state is lost")
     return cloudpickle.loads(data)
