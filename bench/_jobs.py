@@ -210,6 +210,12 @@ class Job:
 
 
 # -- progress curves -----------------------------------------------------------------------------------------
+def train_time(doc: dict, reports: list[dict]) -> float:
+    """Job time of the last epoch's report: training only (start-up, loading, final evaluation excluded)."""
+    ts = [r["t"] for r in reports if "epoch" in r]
+    return ts[-1] if ts else doc["elapsed_s"]
+
+
 def epoch_curve(reports: Iterable[dict]) -> list[tuple[float, float]]:
     """``(job time, epochs completed)`` points, starting at ``(0, 0)`` (the driver's start)."""
     return [(0.0, 0.0)] + [(r["t"], float(r["epoch"])) for r in reports if "epoch" in r]
@@ -229,6 +235,31 @@ def time_at(curve: list[tuple[float, float]], p: float) -> float:
         if p <= p1:
             return t0 + (t1 - t0) * max(0.0, p - p0) / max(p1 - p0, 1e-9)
     return curve[-1][0]
+
+
+def ideal_after(elastic_curve: list[tuple[float, float]], t_trigger: float, static2_train_s: float,
+                static2_curve: list[tuple[float, float]]) -> tuple[float, float, float]:
+    """The thesis' ideal for a scale-out at job time ``t_trigger``: that time plus what the static run at the
+    new size took for the rest of the work. Returns (epochs done at the trigger, that rest, the ideal)."""
+    p = progress_at(elastic_curve, t_trigger)
+    rest = static2_train_s - time_at(static2_curve, p)
+    return p, rest, t_trigger + rest
+
+
+def ctl_at(job: Job, t: float, *args: str) -> tuple[float, float, subprocess.CompletedProcess]:
+    """Run ``litzctl ARGS`` once the job's driver has run ``t`` s. Returns (the job time it was started at,
+    the seconds it took, its result); the job is killed if this fails."""
+    try:
+        start = job.driver_start_wall()
+        delay = start + t - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        t_started = time.time() - start
+        cp = job.ctl(*args)
+        return t_started, time.time() - start - t_started, cp
+    except BaseException:
+        job.kill()
+        raise
 
 
 # -- processes -----------------------------------------------------------------------------------------------

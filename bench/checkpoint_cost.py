@@ -32,11 +32,6 @@ import _table
 WORKERS, EXECUTORS = 2, 8
 
 
-def train_time(doc: dict, reports: list[dict]) -> float:
-    ts = [r["t"] for r in reports if "epoch" in r]
-    return ts[-1] if ts else doc["elapsed_s"]
-
-
 def run(tmp: str, name: str, config: dict, blas: str, every: float | None = None,
         kill_at: float | None = None) -> dict:
     extra = []
@@ -66,7 +61,7 @@ def run(tmp: str, name: str, config: dict, blas: str, every: float | None = None
     reports = job.reports()
     cps = _jobs.events(doc, "checkpoint")
     recs = _jobs.events(doc, "recovery")
-    out = {"train_s": train_time(doc, reports), "elapsed_s": doc["elapsed_s"],
+    out = {"train_s": _jobs.train_time(doc, reports), "elapsed_s": doc["elapsed_s"],
            "test_accuracy": doc["result"]["test_accuracy"], "checkpoints": len(cps),
            "pause_s": [c["pause_s"] for c in cps], "bytes": [c["bytes"] for c in cps], "recoveries": recs,
            "kill": kill, "failed_checkpoints": _jobs.events(doc, "checkpoint_failed")}

@@ -35,11 +35,6 @@ WORKERS, SERVERS, EXECUTORS = 2, 2, 8
 CHECKPOINT_EVERY_S = 1.0
 
 
-def train_time(doc: dict, reports: list[dict]) -> float:
-    ts = [r["t"] for r in reports if "epoch" in r]
-    return ts[-1] if ts else doc["elapsed_s"]
-
-
 def make_job(tmp: str, name: str, config: dict, blas: str) -> _jobs.Job:
     extra = ["--checkpoint-dir", os.path.join(tmp, f"{name}-ckpt"), "--checkpoint-every", str(CHECKPOINT_EVERY_S)]
     return _jobs.Job(tmp, name, workers=WORKERS, servers=SERVERS, executors=EXECUTORS, config=config, extra=extra,
@@ -97,7 +92,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="litz-bench-soak-") as tmp:
         ff_job = make_job(tmp, f"soak-free-{os.getpid()}", config, args.blas_threads).start()
         ff_doc = ff_job.wait(600)
-        ff = {"train_s": train_time(ff_doc, ff_job.reports()), "elapsed_s": ff_doc["elapsed_s"],
+        ff = {"train_s": _jobs.train_time(ff_doc, ff_job.reports()), "elapsed_s": ff_doc["elapsed_s"],
               "wall_s": ff_job.t_exit - ff_job.t_submit, "test_accuracy": ff_doc["result"]["test_accuracy"],
               "checkpoints": len(_jobs.events(ff_doc, "checkpoint")),
               "recoveries": len(_jobs.events(ff_doc, "recovery"))}
@@ -128,7 +123,7 @@ def main() -> int:
            "recovery_max_s": max(durations) if durations else None,
            **{f"recovery_{role}_s": statistics.median(xs) if xs else None for role, xs in by_role_s.items()},
            "kill_to_running_s": statistics.median(d["kill_to_running_s"] for d in killed) if killed else None}
-    soak_res = {"train_s": train_time(doc, reports), "elapsed_s": doc["elapsed_s"],
+    soak_res = {"train_s": _jobs.train_time(doc, reports), "elapsed_s": doc["elapsed_s"],
                 "wall_s": job.t_exit - job.t_submit, "test_accuracy": acc, "state": doc["state"],
                 "checkpoints": len(_jobs.events(doc, "checkpoint")),
                 "checkpoint_failed": _jobs.events(doc, "checkpoint_failed"), "recoveries": recs,

@@ -24,7 +24,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 import _jobs
 import _table
@@ -37,17 +36,12 @@ FULL = {"synthetic": 1, "docs": 80_000, "vocab": 5_000, "topics": 50, "doc_lengt
 QUICK = {**FULL, "docs": 20_000, "epochs": 12}
 
 
-def train_time(doc: dict, reports: list[dict]) -> float:
-    ts = [r["t"] for r in reports if "epoch" in r]
-    return ts[-1] if ts else doc["elapsed_s"]
-
-
 def job(tmp: str, name: str, workers: int, config: dict) -> _jobs.Job:
     return _jobs.Job(tmp, name, app=APP, workers=workers, executors=EXECUTORS, config=config)
 
 
 def summary(doc: dict, reports: list[dict]) -> dict:
-    return {"train_s": train_time(doc, reports), "elapsed_s": doc["elapsed_s"],
+    return {"train_s": _jobs.train_time(doc, reports), "elapsed_s": doc["elapsed_s"],
             "ll_per_token": doc["result"]["ll_per_token"], "curve": _jobs.epoch_curve(reports),
             "events": doc["events"]}
 
@@ -60,17 +54,7 @@ def run_static(tmp: str, name: str, workers: int, config: dict) -> dict:
 
 def run_elastic(tmp: str, name: str, config: dict, trigger_s: float) -> dict:
     j = job(tmp, name, 1, config).start()
-    try:
-        start = j.driver_start_wall()
-        delay = start + trigger_s - time.time()
-        if delay > 0:
-            time.sleep(delay)
-        t_trigger = time.time() - start
-        cp = j.ctl("scale", "--workers", "2")
-        ctl_s = time.time() - start - t_trigger
-    except BaseException:
-        j.kill()
-        raise
+    t_trigger, ctl_s, cp = _jobs.ctl_at(j, trigger_s, "scale", "--workers", "2")
     doc = j.wait(900)
     reports = j.reports()
     return {**summary(doc, reports), "t_trigger": t_trigger, "litzctl_s": round(ctl_s, 4),
@@ -97,9 +81,7 @@ def main() -> int:
             print(f"round {i + 1}/{repeats} static 2 workers: train {s2['train_s']:6.2f} s "
                   f"(elapsed {s2['elapsed_s']:.2f} s), LL/token {s2['ll_per_token']:.4f}", flush=True)
             el = run_elastic(tmp, f"ldaso-elastic-{tag}", config, TRIGGER_AT * s1["train_s"])
-            p = _jobs.progress_at(el["curve"], el["t_trigger"])
-            rest2 = s2["train_s"] - _jobs.time_at(s2["curve"], p)
-            ideal = el["t_trigger"] + rest2
+            p, rest2, ideal = _jobs.ideal_after(el["curve"], el["t_trigger"], s2["train_s"], s2["curve"])
             r = {"round": i + 1, "static1": s1, "static2": s2, "elastic": el, "epochs_at_trigger": p,
                  "static2_rest_s": rest2, "ideal_s": ideal, "ratio": el["train_s"] / ideal,
                  "speedup_2_vs_1": s1["train_s"] / s2["train_s"]}

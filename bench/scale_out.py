@@ -29,7 +29,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 import _jobs
 import _table
@@ -38,38 +37,23 @@ TRIGGER_AT = 0.30
 EXECUTORS = 8
 
 
-def train_time(doc: dict, reports: list[dict]) -> float:
-    ts = [r["t"] for r in reports if "epoch" in r]
-    return ts[-1] if ts else doc["elapsed_s"]
-
-
 def run_static(tmp: str, name: str, workers: int, config: dict, blas: str) -> dict:
     job = _jobs.Job(tmp, name, workers=workers, executors=EXECUTORS, config=config, blas_threads=blas).start()
     doc = job.wait(600)
     reports = job.reports()
-    return {"workers": workers, "train_s": train_time(doc, reports), "elapsed_s": doc["elapsed_s"],
+    return {"workers": workers, "train_s": _jobs.train_time(doc, reports), "elapsed_s": doc["elapsed_s"],
             "test_accuracy": doc["result"]["test_accuracy"], "curve": _jobs.epoch_curve(reports),
             "events": doc["events"], "loadavg": job.load}
 
 
 def run_elastic(tmp: str, name: str, config: dict, trigger_s: float, blas: str) -> dict:
     job = _jobs.Job(tmp, name, workers=1, executors=EXECUTORS, config=config, blas_threads=blas).start()
-    try:
-        start = job.driver_start_wall()  # from the first report; job times count from the driver's start
-        delay = start + trigger_s - time.time()
-        if delay > 0:
-            time.sleep(delay)
-        t_trigger = time.time() - start
-        cp = job.ctl("scale", "--workers", "2")
-        ctl_s = time.time() - start - t_trigger
-    except BaseException:
-        job.kill()
-        raise
+    t_trigger, ctl_s, cp = _jobs.ctl_at(job, trigger_s, "scale", "--workers", "2")
     doc = job.wait(600)
     reports = job.reports()
     outs = _jobs.events(doc, "scale_out")
     two = [r["t"] for r in reports if r.get("workers") == 2]
-    return {"train_s": train_time(doc, reports), "elapsed_s": doc["elapsed_s"], "t_trigger": t_trigger,
+    return {"train_s": _jobs.train_time(doc, reports), "elapsed_s": doc["elapsed_s"], "t_trigger": t_trigger,
             "litzctl_s": round(ctl_s, 4), "litzctl_said": cp.stdout.strip(), "scale_out": outs,
             "first_report_with_2_workers": two[0] if two else None,
             "test_accuracy": doc["result"]["test_accuracy"], "curve": _jobs.epoch_curve(reports),
@@ -101,9 +85,7 @@ def main() -> int:
             print(f"round {i + 1}/{repeats} static 2 workers: train {s2['train_s']:6.2f} s "
                   f"(elapsed {s2['elapsed_s']:.2f} s), test acc {s2['test_accuracy']:.4f}", flush=True)
             el = run_elastic(tmp, f"so-elastic-{tag}", config, TRIGGER_AT * s1["train_s"], args.blas_threads)
-            p = _jobs.progress_at(el["curve"], el["t_trigger"])
-            rest2 = s2["train_s"] - _jobs.time_at(s2["curve"], p)
-            ideal = el["t_trigger"] + rest2
+            p, rest2, ideal = _jobs.ideal_after(el["curve"], el["t_trigger"], s2["train_s"], s2["curve"])
             ideal_by_time = el["t_trigger"] + s2["train_s"] * (1 - el["t_trigger"] / s1["train_s"])
             r = {"round": i + 1, "static1": s1, "static2": s2, "elastic": el, "epochs_at_trigger": p,
                  "static2_rest_s": rest2, "ideal_s": ideal, "ratio": el["train_s"] / ideal,
