@@ -122,9 +122,15 @@ class Residency:
         self.sizes.pop(eid, None)
         self.lru.pop(eid, None)
         self.dirty.discard(eid)
-        for rec in (self.spilled.pop(eid, None), self.inputs.pop(eid, (None,))[0]):
-            if rec is not None:
-                _unlink(rec.path)
+        rec = self.spilled.pop(eid, None)
+        if rec is not None:
+            _unlink(rec.path)
+        self._drop_input(eid)
+
+    def _drop_input(self, eid: int) -> None:
+        kept = self.inputs.pop(eid, None)
+        if kept is not None:
+            _unlink(kept[0].path)
 
     def refresh(self, executors: dict[int, Any]) -> None:
         for eid in self.dirty:
@@ -153,7 +159,7 @@ class Residency:
                 written += rec.nbytes
             state = {k: v for k, v in state.items() if k not in ids}
         else:
-            self.inputs.pop(eid, None)
+            self._drop_input(eid)
         rec = _write(os.path.join(self._dir(), f"e{eid:05d}.pkl"), cloudpickle.dumps(state, protocol=5))
         self.spilled[eid] = rec
         self.sizes.pop(eid, None)
