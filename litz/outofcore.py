@@ -2,21 +2,27 @@
 
 Over the budget, idle executors (no task queued, waiting or running) are written to a private spill
 directory and dropped, least recently used first. Input data (``input_attrs``, read-only by contract) is
-written once and its file kept across later evictions and loads; only the rest of the state is rewritten
-each time, so evicting an executor that holds mostly input costs almost nothing. A task for an evicted
-executor makes it load in a background thread at once (prefetch), so loading overlaps the other
-executors' tasks. A budget smaller than one executor's state still runs: one executor at a time. Spill
-files carry a checksum; a corrupted one is an error naming the file, never silently wrong state. Spill
-files go when the worker ends.
+written once, one file per attribute, and the files are kept across later evictions and loads; only the
+rest of the state, and an input attribute the app reassigned, are rewritten, so evicting an executor that
+holds mostly input costs almost nothing. A task for an evicted executor queues its load in a background
+thread (prefetch), so loading overlaps the other executors' tasks; a load starts when it fits in the
+budget next to what is resident or loading (the worker evicts idle executors for it, and otherwise waits
+for a task to end). A budget smaller than one executor's state still runs: one executor at a time.
+
+Spill files hold a pickle stream followed by the raw numpy buffers it refers to (protocol 5, out of band):
+writing copies no array, and a load reads the file into one buffer that the arrays are views of. Every
+file carries a CRC-32, checked at every load; a corrupted one is an error naming the file, never silently
+wrong state. Spill files go when the worker ends.
 """
 from __future__ import annotations
 
-import hashlib
 import os
+import pickle
 import shutil
 import sys
 import tempfile
 import time
+import zlib
 from collections import OrderedDict
 from collections.abc import MutableMapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -64,21 +70,44 @@ def parse_bytes(text: str | int) -> int:
 
 @dataclass
 class Spilled:
+    """One spill file: a pickle stream, then the raw bytes of the numpy buffers it refers to (out of band)."""
     path: str
-    sha256: str
+    crc32: int
     nbytes: int
+    header: int  # bytes of the pickle stream at the start of the file
+    buffers: list[tuple[int, int]]  # (offset, length) of each out-of-band buffer
 
 
-def _write(path: str, data: bytes, kept: bool = False) -> Spilled:
-    """A spill file. A ``kept`` one (input data) stays on disk between loads: its pages are dropped from the
-    page cache, which would otherwise hold a second copy of the input in the memory being saved."""
+_ALIGN = 64  # buffers start at 64-byte offsets, so the arrays loaded onto them are aligned
+
+
+def _write(path: str, obj: Any, kept: bool = False) -> Spilled:
+    """Write ``obj`` to a spill file without copying its numpy buffers: pickle protocol 5 keeps them out of
+    band and they go to the file as they are (an eviction of 8 MB used to copy them twice: into the pickle,
+    then into the file). A ``kept`` file (input data) stays on disk between loads: its pages are dropped
+    from the page cache, which would otherwise hold a second copy of the input in the memory being saved."""
+    buffers: list[pickle.PickleBuffer] = []
+    header = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    crc = zlib.crc32(header)
+    layout, offset = [], len(header)
     with open(path, "wb") as f:
-        f.write(data)
+        f.write(header)
+        for buf in buffers:
+            raw = buf.raw()
+            pad = -offset % _ALIGN
+            if pad:
+                f.write(bytes(pad))
+                crc = zlib.crc32(bytes(pad), crc)
+                offset += pad
+            f.write(raw)
+            crc = zlib.crc32(raw, crc)
+            layout.append((offset, raw.nbytes))
+            offset += raw.nbytes
         if kept:
             f.flush()
             os.fdatasync(f.fileno())
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-    return Spilled(path, hashlib.sha256(data).hexdigest(), len(data))
+    return Spilled(path, crc, offset, len(header), layout)
 
 
 class Residency:
@@ -89,12 +118,14 @@ class Residency:
         self.sizes: dict[int, int] = {}
         self.lru: OrderedDict[int, None] = OrderedDict()  # in memory, least recently used first
         self.spilled: dict[int, Spilled] = {}
-        # input data kept on disk per executor, with the ids of the objects it holds: a reassigned input
-        # attribute (another object) is written again, so a stale file is never loaded
-        self.inputs: dict[int, tuple[Spilled, dict[str, int]]] = {}
+        # input data kept on disk per executor, one file per input attribute with the id of the object it
+        # holds: a reassigned attribute (another object) is written again, so a stale file is never loaded,
+        # and only that attribute (an app's per-epoch index need not rewrite its rows)
+        self.inputs: dict[int, dict[str, tuple[Spilled, int]]] = {}
         self.loading: dict[int, Future] = {}
         self.dirty: set[int] = set()
         self._pool: ThreadPoolExecutor | None = None
+        self._readahead: ThreadPoolExecutor | None = None
         root = spill_root or os.environ.get("LITZ_SPILL_DIR") or tempfile.gettempdir()
         self._root, self._owner = root, owner
         self.spill_dir: str | None = None
@@ -128,9 +159,8 @@ class Residency:
         self._drop_input(eid)
 
     def _drop_input(self, eid: int) -> None:
-        kept = self.inputs.pop(eid, None)
-        if kept is not None:
-            _unlink(kept[0].path)
+        for rec, _ in self.inputs.pop(eid, {}).values():
+            _unlink(rec.path)
 
     def refresh(self, executors: dict[int, Any]) -> None:
         for eid in self.dirty:
@@ -149,34 +179,40 @@ class Residency:
         state = executor.__getstate__()
         written = 0
         names = [a for a in getattr(executor, "input_attrs", ()) if a in state] if isinstance(state, dict) else []
-        if names:
-            ids = {a: id(state[a]) for a in names}
-            kept = self.inputs.get(eid)
-            if kept is None or kept[1] != ids:
-                data = cloudpickle.dumps({a: state[a] for a in names}, protocol=5)
-                rec = _write(os.path.join(self._dir(), f"e{eid:05d}-input.pkl"), data, kept=True)
-                self.inputs[eid] = (rec, ids)
+        kept = self.inputs.setdefault(eid, {})
+        for a in set(kept) - set(names):  # no longer held
+            _unlink(kept.pop(a)[0].path)
+        for a in names:
+            if a not in kept or kept[a][1] != id(state[a]):
+                rec = _write(os.path.join(self._dir(), f"e{eid:05d}-{a}-input.pkl"), state[a], kept=True)
+                kept[a] = (rec, id(state[a]))
                 written += rec.nbytes
-            state = {k: v for k, v in state.items() if k not in ids}
-        else:
-            self._drop_input(eid)
-        rec = _write(os.path.join(self._dir(), f"e{eid:05d}.pkl"), cloudpickle.dumps(state, protocol=5))
+        if names:
+            state = {k: v for k, v in state.items() if k not in kept}
+        rec = _write(os.path.join(self._dir(), f"e{eid:05d}.pkl"), state)
         self.spilled[eid] = rec
         self.sizes.pop(eid, None)
         self.lru.pop(eid, None)
         return written + rec.nbytes, time.perf_counter() - t0
 
+    def loading_bytes(self) -> int:
+        """What the loads under way bring into memory."""
+        return sum(self.load_bytes(e) for e in self.loading)
+
     def load_bytes(self, eid: int) -> int:
         """What loading ``eid`` brings back into memory (state and input data)."""
-        kept = self.inputs.get(eid)
-        return self.spilled[eid].nbytes + (kept[0].nbytes if kept else 0)
+        return self.spilled[eid].nbytes + sum(rec.nbytes for rec, _ in self.inputs.get(eid, {}).values())
 
     def start_load(self, eid: int) -> None:
         if eid in self.spilled and eid not in self.loading:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="litz-prefetch")
-            kept = self.inputs.get(eid)
-            self.loading[eid] = self._pool.submit(_read, self.spilled[eid], kept[0] if kept else None)
+            kept = {a: rec for a, (rec, _) in self.inputs.get(eid, {}).items()}
+            if kept:
+                if self._readahead is None:  # its own thread: the call blocks while it queues the reads
+                    self._readahead = ThreadPoolExecutor(1, thread_name_prefix="litz-readahead")
+                self._readahead.submit(_will_need, list(kept.values()))
+            self.loading[eid] = self._pool.submit(_read, self.spilled[eid], kept)
 
     def finished_loads(self) -> list[tuple[int, Any, int, float]]:
         """(eid, state, bytes, seconds) of loads that completed; raises LitzError for a corrupted spill file."""
@@ -188,9 +224,9 @@ class Residency:
                 nbytes = self.load_bytes(eid)
                 rec = self.spilled.pop(eid)
                 _unlink(rec.path)
-                if eid in self.inputs:  # the objects now in the executor are the ones the kept file holds
-                    kept, ids = self.inputs[eid]
-                    self.inputs[eid] = (kept, {a: id(state[a]) for a in ids})
+                kept = self.inputs.get(eid, {})  # the objects now in the executor are the ones the files hold
+                for a, (rec, _) in kept.items():
+                    kept[a] = (rec, id(state[a]))
                 done.append((eid, state, nbytes, seconds))
         return done
 
@@ -203,28 +239,47 @@ class Residency:
         raise LitzError(f"executor {eid} did not load")
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+        for pool in (self._readahead, self._pool):
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
         if self.spill_dir:
             shutil.rmtree(self.spill_dir, ignore_errors=True)
 
 
-def _read(rec: Spilled, input_rec: Spilled | None = None) -> tuple[Any, float]:
+def _read(rec: Spilled, inputs: dict[str, Spilled] | None = None) -> tuple[Any, float]:
     t0 = time.perf_counter()
     state = _checked_load(rec)
-    if input_rec is not None:
-        state.update(_checked_load(input_rec, kept=True))
+    for a, input_rec in (inputs or {}).items():
+        state[a] = _checked_load(input_rec, kept=True)
     return state, time.perf_counter() - t0
 
 
 def _checked_load(rec: Spilled, kept: bool = False) -> Any:
+    """Read a spill file into one buffer, check it, and unpickle it onto that buffer: the arrays are views of
+    it, so the data is copied once (from the file) instead of twice (read, then unpickled into new arrays)."""
+    view = memoryview(np.empty(rec.nbytes, np.uint8))  # not a bytearray: that would zero it first
     with open(rec.path, "rb") as f:
-        data = f.read()
+        got = f.readinto(view)
         if kept:
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-    if len(data) != rec.nbytes or hashlib.sha256(data).hexdigest() != rec.sha256:
+    if got != rec.nbytes or f"{zlib.crc32(view):08x}" != f"{rec.crc32:08x}":
         raise LitzError(f"spill file {rec.path} is corrupted (checksum differs); the executor's state is lost")
-    return cloudpickle.loads(data)
+    return pickle.loads(view[:rec.header], buffers=[view[o:o + n] for o, n in rec.buffers])
+
+
+def _will_need(recs: list[Spilled]) -> None:
+    """Ask the kernel to start reading ``rec`` now: the files of every queued load are then read in parallel
+    (measured ~2 GB/s here against 0.4-0.9 GB/s for one file at a time) while the loader thread works
+    through them in order."""
+    for rec in recs:
+        try:
+            fd = os.open(rec.path, os.O_RDONLY)
+        except OSError:
+            continue  # the loader reports it
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
 
 
 def _unlink(path: str) -> None:

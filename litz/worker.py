@@ -87,6 +87,7 @@ class Worker(Process):
         self.moved_to: dict[int, str] = {}  # executors shipped from here -> where they went
         self.pending: dict[int, int] = defaultdict(int)  # eid -> tasks queued, waiting for a load, or running
         self.waiting_load: dict[int, list[Task]] = defaultdict(list)
+        self.load_queue: dict[int, None] = {}  # spilled executors with a task, waiting for room to load
         self.residency = Residency(self.ident)
         self.baseline_rss = resident_bytes()
         self._next_enforce = 0.0
@@ -117,6 +118,8 @@ class Worker(Process):
                 self.ship_ready_executors()
             if self.residency.loading:
                 self.finish_loads()
+            if self.load_queue:
+                self.start_queued_loads()
             if self.residency.budget is not None and time.time() >= self._next_enforce:
                 self._next_enforce = time.time() + 0.02
                 self.enforce_budget()
@@ -136,6 +139,7 @@ class Worker(Process):
         tag = msg[0]
         if tag == P.TASKS:
             gen = self.gen
+            to_load = []
             for tid, eid, version, args in msg[1]:
                 if eid in self.executors or eid in self.moving:
                     self.runnable.append(Task(tid, eid, version, args, gen))
@@ -143,9 +147,11 @@ class Worker(Process):
                 elif eid in self.residency.spilled:
                     self.waiting_load[eid].append(Task(tid, eid, version, args, gen))
                     self.pending[eid] += 1
-                    self.prefetch(eid)
+                    to_load.append(eid)
                 else:
                     self.misrouted(tid, eid, version, args)
+            for eid in to_load:  # after every task of the message counts: a load must not evict their executors
+                self.prefetch(eid)
         elif tag == P.VALUES:
             self.on_values(msg[1])
         elif tag == P.ACK:
@@ -233,8 +239,26 @@ class Worker(Process):
 
     def prefetch(self, eid: int) -> None:
         if eid in self.residency.spilled and eid not in self.residency.loading:
-            self.evict_idle(need=self.residency.load_bytes(eid))
-            self.residency.start_load(eid)
+            self.load_queue[eid] = None
+            self.start_queued_loads()
+
+    def start_queued_loads(self) -> None:
+        """Start loads in task order while they fit in the budget next to what is resident or loading; the
+        rest wait until an executor's task ends and it can be evicted. (Starting every load at once held
+        all of a worker's executors in memory whenever all had a task, as in every BSP iteration.) With
+        nothing resident or loading, a load starts even if it alone is over the budget."""
+        res = self.residency
+        while self.load_queue:
+            eid = next(iter(self.load_queue))
+            if eid not in res.spilled or eid in res.loading:
+                del self.load_queue[eid]
+                continue
+            need = res.load_bytes(eid) + res.loading_bytes()
+            self.evict_idle(need=need)
+            if res.budget is not None and res.resident() + need > res.budget and (res.lru or res.loading):
+                return
+            del self.load_queue[eid]
+            res.start_load(eid)
 
     def finish_loads(self) -> None:
         try:
@@ -404,6 +428,7 @@ class Worker(Process):
         self.retiring = False
         self.pending.clear()
         self.waiting_load.clear()
+        self.load_queue.clear()
         budget = self.residency.budget
         self.residency.close()
         self.residency = Residency(self.ident, budget)

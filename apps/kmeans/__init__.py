@@ -211,7 +211,9 @@ class KMeansExecutor(litz.Executor):
     checkpointing or evicting it costs about the size of its rows.
     """
 
-    input_attrs = ("X", "_order", "_bounds", "_order_epoch")
+    # settings are re-derived from the config too: as input they are written once when evicted, not every
+    # time (the app's classes are pickled by value, so a Settings in the evicted state cost ~1 ms each)
+    input_attrs = ("X", "settings", "_order", "_bounds", "_order_epoch")
 
     def __init__(self) -> None:
         # BSP: this executor's delta of its last iteration as (iteration, centre indices, their delta rows)
