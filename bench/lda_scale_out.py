@@ -14,8 +14,9 @@ Run time = job time of the last epoch's ``report()``. Ideal = ``t_trigger + T2(r
 2-worker run's time from the moment it had completed as many epochs as the elastic run had at the trigger
 (linear between per-epoch reports) to its end. LDA epochs get faster as topics sparsify, which this
 progress-based ideal accounts for. Ratio = elastic / ideal; target <= 1.05x (paper 1.05x for LDA).
-The new worker compiles the numba sampler (about 1.5 s of CPU) before its first task; that is part of the
-measured cost, as it would be on a real new machine.
+The new worker loads the numba sampler from numba's on-disk cache before its first task (about 0.25 s;
+the static runs before it have filled the cache; compiling took about 1.3 s of CPU before 2026-11-23). That
+is part of the measured cost; a new machine without the cache would compile once.
 """
 from __future__ import annotations
 

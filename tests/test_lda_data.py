@@ -229,3 +229,31 @@ def test_cli_short_vocabulary_fails_before_training(tmp_path) -> None:
     vocab = write(tmp_path, "a\nb\n", "vocab.txt")  # the corpus has W=5 words
     assert_one_line(lda_cli(f"corpus={corpus}", f"vocab_file={vocab}", "epochs=1000000"),
                     f"{vocab}:3: the vocabulary has 2 words, the corpus uses W=5")
+
+
+def test_shipped_executor_uses_the_cached_sampler(tmp_path) -> None:
+    """Workers get the app by value (cloudpickle), whose numba copy cannot use the on-disk cache; the executor
+    must take the sampler from the module imported from disk, so a new worker loads instead of compiling."""
+    import os
+    import subprocess
+    import sys
+
+    import cloudpickle
+
+    import apps.lda
+
+    blob = tmp_path / "executor.pkl"
+    cloudpickle.register_pickle_by_value(apps.lda)
+    try:
+        blob.write_bytes(cloudpickle.dumps(apps.lda.LDAExecutor))
+    finally:
+        cloudpickle.unregister_pickle_by_value(apps.lda)
+    code = ("import pickle, sys; cls = pickle.loads(open(sys.argv[1], 'rb').read()); g = cls.run_task.__globals__; "
+            "print(type(g['kernels'].sample_block._cache).__name__, type(g['_sampler']()._cache).__name__)")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code, str(blob)], cwd=root, capture_output=True, text=True,
+                         timeout=25, env={**os.environ, "PYTHONPATH": ""})
+    assert out.returncode == 0, out.stderr
+    shipped, used = out.stdout.split()
+    assert shipped == "NullCache"  # the by-value copy: why the executor must not call it directly
+    assert used == "FunctionCache"
