@@ -55,3 +55,27 @@ def test_running_checkpoint_priority_saves_the_rows_that_moved_most(problem):
     trial.T = 2 * 8 + 1
     rr = sr.running_checkpoint(traj, trial, r, "round", rng)
     assert all(not np.array_equal(rr[q], traj[0][q]) for q in range(d))
+
+
+def test_failure_convention_follows_the_thesis(problem):
+    """Thesis §5.4.1: a checkpoint taken after iteration C is in place for a failure during iteration T > C, so
+    full recovery loses T - 1 - C iterations (none right after a save); ``before-save`` keeps one more."""
+    traj, _ = problem.trajectory(sr.K0)
+    d, C = problem.d, sr.C
+    part = np.arange(d).reshape(sr.SERVERS, d // sr.SERVERS)
+    trials = [sr.Trial(T=C + 1, partition=part, order=np.arange(sr.SERVERS)),
+              sr.Trial(T=C, partition=part, order=np.arange(sr.SERVERS))]
+    assert [sr.progress(t.T, "thesis") - sr.last_save(t.T, C) for t in trials] == [0, C - 1]
+    assert [sr.progress(t.T, "before-save") - sr.last_save(t.T, C) for t in trials] == [1, C]
+    starts = sr.start_states(traj, trials, seed=0)
+    thesis, late = starts["thesis"], starts["before-save"]
+    # right after the save: full and partial recovery restore exactly the state at the failure
+    assert np.array_equal(thesis["full"][0], traj[C]) and np.array_equal(thesis["partial 1/2"][0], traj[C])
+    assert np.array_equal(late["full"][0], traj[C]) and not np.array_equal(late["partial 1/2"][0], traj[C + 1])
+    # the rows that survive keep the progress made before the failure; the lost half comes from the checkpoint
+    lost = sr.lost_rows(trials[1], 0.5)
+    kept = np.setdiff1d(np.arange(d), lost)
+    assert np.array_equal(thesis["partial 1/2"][1][kept], traj[C - 1][kept])
+    assert np.array_equal(thesis["partial 1/2"][1][lost], traj[0][lost])
+    assert np.array_equal(late["priority 1/8"][1][kept], traj[C][kept])
+    assert np.array_equal(late["priority 1/8"][1][lost], thesis["priority 1/8"][1][lost])  # the same saves
