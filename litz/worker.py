@@ -103,7 +103,8 @@ class Worker(Process):
         ep = self.endpoint
         last_check = time.time()
         while self.running:
-            if ep.poll(0 if self.runnable else 100):
+            # a load in the background thread does not wake the poll: look again every millisecond
+            if ep.poll(0 if self.runnable else 1 if self.residency.loading else 100):
                 for sender, msg in self.receive():
                     self.handle(sender, msg)
                     if not self.running:
