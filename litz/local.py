@@ -13,11 +13,13 @@ import sys
 import time
 from typing import Any
 
+from . import shmring
 from .errors import LitzError
 from .job import JOB_OPTIONS, default_name, positive_int, resolve_app, run_job
 from .membership import Membership, connect_kv
 from .membership.membership import litz_home
 from .security import new_secret
+from .transport import ring_prefix
 
 # One process per core is the model; BLAS threads in every worker would oversubscribe the cores (small
 # matrix products ran ~50x slower here). A user's own setting in the environment wins.
@@ -32,6 +34,7 @@ class LocalProcesses:
         self.name, self.home, self.etcd = name, home, etcd
         self.server_memory_limit = server_memory_limit
         self.env = {**ONE_BLAS_THREAD, **os.environ, "LITZ_SECRET": secret, "LITZ_PARENT_PID": str(os.getpid())}
+        self.ring_prefix = ring_prefix(secret)
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self.reported: set[int] = set()
         self.stopping = False
@@ -73,6 +76,7 @@ class LocalProcesses:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        shmring.remove_all(self.ring_prefix)  # rings a killed child offered and nobody mapped
 
 
 def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = None,

@@ -1,6 +1,7 @@
 """What every Litz process shares: an endpoint, the job membership, and finding peers by id."""
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import sys
@@ -68,11 +69,16 @@ def die_with_parent() -> None:
 class Process:
     """Base of master, worker and server.
 
+    A process that sets ``borrows_frames`` handles each message before taking the next and copies every
+    array it keeps (see :meth:`Endpoint.drain`); the others get messages they may keep as they are.
+
     Every message carries the sender's *epoch*, the number of recoveries it has seen. The master's
     messages set a process's epoch (its channel is ordered, so the first one of a new epoch is the restore
     order); a message from a peer of an older epoch predates the last recovery and is dropped, so nothing
     from before a recovery is ever applied after it.
     """
+
+    borrows_frames = False
 
     def __init__(self, ident: str, membership: Membership, secret: str, host: str = "127.0.0.1",
                  port: int = 0, bind_host: str | None = None):
@@ -123,7 +129,7 @@ class Process:
 
     def receive(self) -> Iterator[tuple[str, Any]]:
         """Messages received so far that belong to this process's epoch."""
-        for sender, (epoch, msg) in self.endpoint.drain():
+        for sender, (epoch, msg) in self.endpoint.drain(borrow=self.borrows_frames):
             if sender == "master":
                 if epoch > self.epoch:
                     self.epoch = epoch
@@ -134,7 +140,7 @@ class Process:
             elif epoch == self.epoch:
                 yield sender, msg
             elif epoch > self.epoch:
-                self._future.append((sender, epoch, msg))
+                self._future.append((sender, epoch, copy.deepcopy(msg) if self.borrows_frames else msg))
 
     def _replay(self) -> Iterator[tuple[str, Any]]:
         future, self._future = self._future, []

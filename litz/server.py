@@ -29,8 +29,14 @@ from .process import Process, resident_bytes
 from .scar import RunningCheckpoint, load_running_shard
 
 
+def _own(value: Any) -> Any:
+    """A copy of a received array: deltas may be borrowed ring memory, valid only while handled."""
+    return np.array(value) if isinstance(value, np.ndarray) else value
+
+
 class Server(Process):
     role = "server"
+    borrows_frames = True  # updates are added into the stored values straight from the ring
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -129,6 +135,7 @@ class Server(Process):
     def on_updates(self, origin: str, fid: int, items: list) -> None:
         mine, away = self._split(items, 0) if self.forward else (items, {})
         for dest, fwd in away.items():
+            fwd = [(shard, key, _own(delta)) for shard, key, delta in fwd]  # borrowed: sent after we return
             self.send(dest, (P.FWD_UPDATES, origin, fid, fwd))
         if mine:
             errors = []
@@ -149,7 +156,7 @@ class Server(Process):
         table = self.shards.setdefault(shard, {})
         cur = table.get(key)
         if cur is None:
-            table[key] = delta
+            table[key] = _own(delta)
             return
         ref = (shard, key)
         in_place = ref not in self.exported

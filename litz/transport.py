@@ -3,19 +3,45 @@
 Each process owns one :class:`Endpoint`: a ROUTER socket it binds and receives on, and one DEALER per
 peer it sends to (routing id = its own process id). Receiving on one socket keeps every event loop a
 single poll; sending on per-peer DEALERs keeps each peer's messages in order.
+
+Large frames to a peer on the same host go through a shared-memory ring (:mod:`litz.shmring`) instead of
+the cipher; the message itself, with the frames' positions, still crosses the authenticated socket. A
+sender offers a ring on its first large frame to a peer; the peer maps it and accepts (or refuses: another
+host, no ``/dev/shm``), and until it accepts every frame travels inline. ``LITZ_SHM=0`` turns rings off.
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import pickle
+import struct
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import zmq
 
-from . import wire
+from . import shmring, wire
 from .security import Authenticator, curve_keypair
 
 HIGH_WATER_MARK = 1_000_000
+RING_MIN_BYTES = 64 << 10  # below this the cipher costs less than the extra copy and bookkeeping
+RING_BYTES = 32 << 20  # per (sender, receiver) pair; a frame that does not fit goes inline
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+# A message's first frame is a pickle stream (b"\x80...") unless it is one of these.
+_CONTROL = b"LZC"  # ring handshake: pickled (what, ring id, ...)
+_RINGED = b"LZR"  # then ring id, count, (frame index, position, length) * count; then the message
+_RINGED_HEAD = struct.Struct("<3sIH")
+_RINGED_ENTRY = struct.Struct("<HQQ")
+
+
+def ring_prefix(secret: str) -> str:
+    """The ``/dev/shm`` name prefix of a job's rings (a digest: the secret itself must not show)."""
+    return "litz-" + hashlib.sha256(b"litz-shm-v1:" + secret.encode()).hexdigest()[:16]
+
+
+def _host(address: str) -> str:
+    return address.rsplit(":", 1)[0].split("://", 1)[-1].strip("[]")
 
 
 class Endpoint:
@@ -41,6 +67,14 @@ class Endpoint:
         self._peers: dict[str, zmq.Socket] = {}
         self._addresses: dict[str, str] = {}
         self.pid = os.getpid()
+        self._host = host
+        self._ring_prefix = ring_prefix(secret)
+        self._rings = os.environ.get("LITZ_SHM", "1") != "0" and shmring.available()
+        self._writers: dict[str, tuple[int, shmring.RingWriter]] = {}  # accepted by the peer
+        self._offered: dict[str, tuple[int, shmring.RingWriter]] = {}  # waiting for the peer's answer
+        self._inline: set[str] = set()  # peers that refused a ring or are on another host
+        self._readers: dict[str, tuple[int, shmring.RingReader]] = {}  # rings peers send to us through
+        self._next_ring = 1
 
     # -- peers ---------------------------------------------------------------------------------------
     def connect(self, peer: str, address: str) -> None:
@@ -64,6 +98,11 @@ class Endpoint:
         self._addresses.pop(peer, None)
         if sock is not None:
             sock.close(linger=0)
+        self._inline.discard(peer)
+        for rings in (self._writers, self._offered, self._readers):
+            ring = rings.pop(peer, None)
+            if ring is not None:
+                ring[1].close()
 
     def knows(self, peer: str) -> bool:
         return peer in self._peers
@@ -75,23 +114,143 @@ class Endpoint:
     def send(self, peer: str, msg: Any, pickler: Any = None) -> int:
         """Send ``msg`` to ``peer``; returns the bytes handed to ZeroMQ."""
         frames = wire.encode(msg) if pickler is None else wire.encode(msg, pickler)
+        sizes = [memoryview(f).nbytes for f in frames]
+        if self._rings and len(frames) > 1 and max(sizes[1:]) >= RING_MIN_BYTES:
+            frames = self._through_ring(peer, frames, sizes)
         self._peers[peer].send_multipart(frames, copy=False)
-        return sum(memoryview(f).nbytes for f in frames)
+        return sum(sizes)
+
+    def _through_ring(self, peer: str, frames: list, sizes: list[int]) -> list:
+        """``frames`` with the large ones moved into ``peer``'s ring (offering one first if needed)."""
+        ring = self._writers.get(peer)
+        if ring is None:
+            if peer not in self._offered and peer not in self._inline:
+                self._offer(peer)
+            return frames
+        ring_id, writer = ring
+        entries = []
+        for i in range(1, len(frames)):
+            if sizes[i] >= RING_MIN_BYTES:
+                pos = writer.put(memoryview(frames[i]).cast("B"))
+                if pos is not None:
+                    entries.append(_RINGED_ENTRY.pack(i, pos, sizes[i]))
+                    frames[i] = b""
+        if not entries:
+            return frames
+        return [_RINGED_HEAD.pack(_RINGED, ring_id, len(entries)) + b"".join(entries)] + frames
+
+    def _offer(self, peer: str) -> None:
+        address = self._addresses.get(peer, "")
+        if _host(address) not in LOCAL_HOSTS + (self._host,):
+            self._inline.add(peer)
+            return
+        try:
+            writer = shmring.RingWriter(self._ring_prefix, RING_BYTES)
+        except OSError as exc:  # /dev/shm full or unusable: stay inline
+            sys.stderr.write(f"litz: {self.ident}: no shared-memory ring for {peer} ({exc}); sending inline\n")
+            self._inline.add(peer)
+            return
+        ring_id, self._next_ring = self._next_ring, self._next_ring + 1
+        self._offered[peer] = (ring_id, writer)
+        self._control(peer, ("offer", ring_id, writer.name, self.address))
+
+    def _control(self, peer: str, what: tuple) -> None:
+        sock = self._peers.get(peer)
+        if sock is not None:
+            sock.send_multipart([_CONTROL + pickle.dumps(what)])
+
+    def _on_control(self, sender: str, what: tuple) -> None:
+        kind, ring_id = what[0], what[1]
+        if kind == "offer":
+            name, address = what[2], what[3]
+            if not self.knows(sender):
+                self.connect(sender, address)
+            old = self._readers.pop(sender, None)
+            if old is not None:
+                old[1].close()
+            try:
+                self._readers[sender] = (ring_id, shmring.RingReader(name))
+            except (OSError, ValueError):
+                self._control(sender, ("refuse", ring_id))
+                return
+            self._control(sender, ("accept", ring_id))
+            return
+        offered = self._offered.get(sender)
+        if kind in ("accept", "refuse") and offered is not None and offered[0] == ring_id:
+            del self._offered[sender]
+            offered[1].unlink()
+            if kind == "accept":
+                self._writers[sender] = offered
+            else:
+                offered[1].close()
+                self._inline.add(sender)
+        elif kind == "reset":
+            ring = self._writers.get(sender)
+            if ring is not None and ring[0] == ring_id:
+                del self._writers[sender]
+                ring[1].close()
+
+    def _from_ring(self, sender: str, frames: list, borrow: bool) -> tuple[list, tuple | None] | None:
+        """The message's frames with ring positions replaced by the frames' bytes (copies, or views when
+        borrowing, then also what to release once the message is handled); None for an unknown ring."""
+        head = frames[0].buffer
+        _, ring_id, count = _RINGED_HEAD.unpack_from(head)
+        ring = self._readers.get(sender)
+        if ring is None or ring[0] != ring_id:
+            # The peer writes into a ring this process never mapped (it restarted under the same id): the
+            # message cannot be read. Tell the peer to drop that ring; the next large frame offers a new one.
+            sys.stderr.write(f"litz: {self.ident}: dropped a message from {sender} in an unknown ring\n")
+            self._control(sender, ("reset", ring_id))
+            return None
+        reader = ring[1]
+        rest = list(frames[1:])
+        end = 0
+        for k in range(count):
+            index, pos, n = _RINGED_ENTRY.unpack_from(head, _RINGED_HEAD.size + k * _RINGED_ENTRY.size)
+            rest[index] = reader.view(pos, n) if borrow else reader.take(pos, n)
+            end = pos + n
+        return rest, (reader, end) if borrow else None
 
     def poll(self, timeout_ms: float) -> bool:
         return bool(self.router.poll(timeout_ms))
 
-    def drain(self, limit: int = 10_000) -> Iterator[tuple[str, Any]]:
-        """Yield ``(sender, message)`` for everything already received (up to ``limit``)."""
+    def drain(self, limit: int = 10_000, borrow: bool = False) -> Iterator[tuple[str, Any]]:
+        """Yield ``(sender, message)`` for everything already received (up to ``limit``).
+
+        ``borrow=True`` saves a copy of each frame that came through a ring: its arrays are views into the
+        ring, valid only until the next message is taken, so the caller must copy whatever it keeps."""
         router = self.router
-        for _ in range(limit):
-            try:
-                frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            yield frames[0].bytes.decode(), wire.decode(frames[1:])
+        held = None
+        try:
+            for _ in range(limit):
+                if held is not None:
+                    held[0].release(held[1])
+                    held = None
+                try:
+                    frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    return
+                sender = frames[0].bytes.decode()
+                body = frames[1:]
+                tag = body[0].buffer[:3]
+                if tag == _RINGED:
+                    got = self._from_ring(sender, body, borrow)
+                    if got is None:
+                        continue
+                    body, held = got
+                elif tag == _CONTROL:
+                    self._on_control(sender, pickle.loads(body[0].buffer[3:]))
+                    continue
+                yield sender, wire.decode(body)
+        finally:
+            if held is not None:
+                held[0].release(held[1])
 
     def close(self) -> None:
+        for rings in (self._writers, self._offered, self._readers):
+            for _, ring in rings.values():
+                ring.close()
+            rings.clear()
         for sock in self._peers.values():
             sock.close()
         self._peers.clear()

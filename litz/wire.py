@@ -30,7 +30,7 @@ def encode(obj: Any, pickler: Any = pickle) -> list:
 
 
 def decode(frames: list) -> Any:
-    """Inverse of :func:`encode`; arrays reference the received frames (read-only, zero-copy)."""
+    """Inverse of :func:`encode`; arrays reference the received frames (zero-copy)."""
     head = frames[0]
     head = head.buffer if hasattr(head, "buffer") else head
     bufs = [f.buffer if hasattr(f, "buffer") else f for f in frames[1:]]

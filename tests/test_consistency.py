@@ -7,20 +7,24 @@ from tests.helpers import app_path
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("workers,servers,executors,shards", [(2, 1, 8, 0), (3, 3, 12, 257)])
-def test_causal_chains_and_concurrent_updates(workers, servers, executors, shards):
+@pytest.mark.parametrize("workers,servers,executors,shards,shape", [
+    (2, 1, 8, 0, SHAPE), (3, 3, 12, 257, SHAPE),
+    (2, 2, 8, 0, (256, 128)),  # 128-256 KiB arrays: updates and gets go through shared-memory rings
+])
+def test_causal_chains_and_concurrent_updates(workers, servers, executors, shards, shape):
     chains, steps = 24, 30
     result = litz.run(app_path("chains"), workers=workers, servers=servers, executors=executors,
-                      shards=shards, config={"chains": chains, "steps": steps})
+                      shards=shards, config={"chains": chains, "steps": steps, "shape": list(shape)})
     assert result["violations"] == []
     n = chains * steps
     assert result["total"] == n
     assert result["tasks_ran"] == n
     assert result["missing"] is None
     for d in DTYPES:
-        dtype, shape, total = result["arrays"][d]
-        assert dtype == d and tuple(shape) == SHAPE
-        assert total == n * SHAPE[0] * SHAPE[1]
+        dtype, got_shape, total, low, high = result["arrays"][d]
+        assert dtype == d and tuple(got_shape) == shape
+        assert total == n * shape[0] * shape[1]
+        assert low == high == n  # every element got every update: none lost, doubled or overwritten
 
 
 @pytest.mark.timeout(60)

@@ -19,7 +19,7 @@ def check_result(result: dict, steps: int = STEPS) -> None:
     n = CHAINS * steps
     assert result["violations"] == []
     assert result["total"] == n and result["tasks_ran"] == n
-    for dtype, shape, total in result["arrays"].values():
+    for dtype, shape, total, *_ in result["arrays"].values():
         assert total == n * shape[0] * shape[1], dtype
 
 

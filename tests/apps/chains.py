@@ -13,7 +13,7 @@ import numpy as np
 import litz
 
 DTYPES = ("float32", "float64", "int64", "int32")
-SHAPE = (3, 5)
+SHAPE = (3, 5)  # the default; config 'shape' overrides it
 
 
 class Chains(litz.Driver):
@@ -63,7 +63,7 @@ class ChainExecutor(litz.Executor):
             arrays = self.ps_get_many([("arr", d) for d in DTYPES])
             return ("check", {
                 "total": self.ps_get("total"),
-                "arrays": {d: [str(a.dtype), list(a.shape), float(a.sum())]
+                "arrays": {d: [str(a.dtype), list(a.shape), float(a.sum()), float(a.min()), float(a.max())]
                            for d, a in zip(DTYPES, arrays, strict=True)},
                 "missing": self.ps_get("never-updated"),
             })
@@ -74,6 +74,7 @@ class ChainExecutor(litz.Executor):
             time.sleep(self.config["sleep"])
         self.ps_update(("chain", c), 1)
         self.ps_update("total", 1)
-        self.ps_update_many((("arr", d), np.ones(SHAPE, dtype=d)) for d in DTYPES)
+        shape = tuple(self.config.get("shape", SHAPE))  # large shapes travel through shared-memory rings
+        self.ps_update_many((("arr", d), np.ones(shape, dtype=d)) for d in DTYPES)
         self.ran = getattr(self, "ran", 0) + 1
         return ("step", c, t, seen)
