@@ -87,7 +87,11 @@ def _write(path: str, obj: Any, kept: bool = False) -> Spilled:
     then into the file). A ``kept`` file (input data) stays on disk between loads: its pages are dropped
     from the page cache, which would otherwise hold a second copy of the input in the memory being saved."""
     buffers: list[pickle.PickleBuffer] = []
-    header = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    try:  # the file is read back by this process: classes and functions can go by reference (~10x faster)
+        header = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    except (pickle.PicklingError, TypeError, AttributeError):  # a lambda, a class of an app pickled by value
+        buffers = []
+        header = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
     crc = zlib.crc32(header)
     layout, offset = [], len(header)
     with open(path, "wb") as f:
@@ -126,6 +130,7 @@ class Residency:
         self.dirty: set[int] = set()
         self._pool: ThreadPoolExecutor | None = None
         self._readahead: ThreadPoolExecutor | None = None
+        self._wake: tuple[int, int] | None = None  # a pipe the loader writes a byte to after each load
         root = spill_root or os.environ.get("LITZ_SPILL_DIR") or tempfile.gettempdir()
         self._root, self._owner = root, owner
         self.spill_dir: str | None = None
@@ -207,12 +212,37 @@ class Residency:
         if eid in self.spilled and eid not in self.loading:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="litz-prefetch")
+                self.wake_fd()
             kept = {a: rec for a, (rec, _) in self.inputs.get(eid, {}).items()}
             if kept:
                 if self._readahead is None:  # its own thread: the call blocks while it queues the reads
                     self._readahead = ThreadPoolExecutor(1, thread_name_prefix="litz-readahead")
                 self._readahead.submit(_will_need, list(kept.values()))
             self.loading[eid] = self._pool.submit(_read, self.spilled[eid], kept)
+            self.loading[eid].add_done_callback(self._signal)
+
+    def wake_fd(self) -> int:
+        """A file descriptor that turns readable when a load completes, for the owner's poll loop: a load
+        takes ~1 ms for a small executor, so polling for it every millisecond would double its latency."""
+        if self._wake is None:
+            r, w = os.pipe()
+            os.set_blocking(r, False)
+            os.set_blocking(w, False)
+            self._wake = (r, w)
+        return self._wake[0]
+
+    def _signal(self, _future: Future) -> None:
+        try:
+            os.write(self._wake[1], b"\0")
+        except (OSError, TypeError):
+            pass  # the pipe is full (it is drained before every wait) or closed
+
+    def clear_wake(self) -> None:
+        try:
+            while os.read(self._wake[0], 4096):
+                pass
+        except (OSError, TypeError):
+            pass
 
     def finished_loads(self) -> list[tuple[int, Any, int, float]]:
         """(eid, state, bytes, seconds) of loads that completed; raises LitzError for a corrupted spill file."""
@@ -242,6 +272,10 @@ class Residency:
         for pool in (self._readahead, self._pool):
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
+        if self._wake is not None:
+            for fd in self._wake:
+                os.close(fd)
+            self._wake = None
         if self.spill_dir:
             shutil.rmtree(self.spill_dir, ignore_errors=True)
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import cloudpickle
 import greenlet
+import zmq
 
 from . import protocol as P
 from . import wire
@@ -88,6 +89,7 @@ class Worker(Process):
         self.pending: dict[int, int] = defaultdict(int)  # eid -> tasks queued, waiting for a load, or running
         self.waiting_load: dict[int, list[Task]] = defaultdict(list)
         self.load_queue: dict[int, None] = {}  # spilled executors with a task, waiting for room to load
+        self._poller: tuple[zmq.Poller, int] | None = None  # the endpoint and the loads' wake-up pipe
         self.residency = Residency(self.ident)
         self.baseline_rss = resident_bytes()
         self._next_enforce = 0.0
@@ -100,11 +102,9 @@ class Worker(Process):
     def run(self, start_timeout: float = 600.0) -> None:
         self.send("master", (P.HELLO, "worker", {"address": self.endpoint.address}))
         self.await_welcome(start_timeout)
-        ep = self.endpoint
         last_check = time.time()
         while self.running:
-            # a load in the background thread does not wake the poll: look again every millisecond
-            if ep.poll(0 if self.runnable else 1 if self.residency.loading else 100):
+            if self.wait_for_messages(0 if self.runnable else 100):
                 for sender, msg in self.receive():
                     self.handle(sender, msg)
                     if not self.running:
@@ -237,6 +237,24 @@ class Worker(Process):
         budget = self.residency.budget
         if budget is not None and resident_bytes() - self.baseline_rss > 1.5 * budget + (64 << 20):
             self.evict_idle(everything=True)  # the process grew beyond what the accounting sees
+
+    def wait_for_messages(self, timeout_ms: float) -> bool:
+        """Poll the endpoint; while a load is under way, also wake when it completes."""
+        res = self.residency
+        if not res.loading or not timeout_ms:
+            return self.endpoint.poll(timeout_ms)
+        fd = res.wake_fd()
+        if self._poller is None or self._poller[1] != fd:  # a restore makes a new Residency
+            poller = zmq.Poller()
+            poller.register(self.endpoint.router, zmq.POLLIN)
+            poller.register(fd, zmq.POLLIN)
+            self._poller = (poller, fd)
+        res.clear_wake()
+        if not any(f.done() for f in res.loading.values()):
+            events = dict(self._poller[0].poll(timeout_ms))
+            res.clear_wake()
+            return self.endpoint.router in events
+        return self.endpoint.poll(0)
 
     def prefetch(self, eid: int) -> None:
         if eid in self.residency.spilled and eid not in self.residency.loading:

@@ -213,7 +213,7 @@ class KMeansExecutor(litz.Executor):
 
     # settings are re-derived from the config too: as input they are written once when evicted, not every
     # time (the app's classes are pickled by value, so a Settings in the evicted state cost ~1 ms each)
-    input_attrs = ("X", "settings", "_order", "_bounds", "_order_epoch")
+    input_attrs = ("X", "settings", "_index")
 
     def __init__(self) -> None:
         # BSP: this executor's delta of its last iteration as (iteration, centre indices, their delta rows)
@@ -223,8 +223,7 @@ class KMeansExecutor(litz.Executor):
         self.settings = Settings.from_config(self.config)
         model.single_threaded_blas()
         self.X, self.lo, self.n = data.partition(self.settings, self.executor_id, self.num_executors)
-        self._order = self._bounds = None
-        self._order_epoch = -1
+        self._index: tuple[int, np.ndarray, np.ndarray] | None = None  # (epoch, rows in batch order, bounds)
 
     def run_task(self, args: tuple) -> dict[str, Any]:
         kind = args[0]
@@ -262,13 +261,14 @@ class KMeansExecutor(litz.Executor):
 
     # -- tasks -----------------------------------------------------------------------------------------
     def _batch_rows(self, epoch: int, t: int, per_epoch: int) -> np.ndarray:
-        if self._order_epoch != epoch or self._bounds is None or len(self._bounds) != per_epoch + 1:
+        # one attribute, not three: an out-of-core load reads a file per input attribute
+        if self._index is None or self._index[0] != epoch or len(self._index[2]) != per_epoch + 1:
             slots = data.batch_of_rows(self.lo, self.lo + len(self.X), self.settings.seed, epoch, per_epoch)
             order = np.argsort(slots, kind="stable")
-            self._order = order.astype(np.int32 if len(order) < 2 ** 31 else np.int64)
-            self._bounds = np.searchsorted(slots[order], np.arange(per_epoch + 1))
-            self._order_epoch = epoch
-        return self._order[self._bounds[t]:self._bounds[t + 1]]
+            self._index = (epoch, order.astype(np.int32 if len(order) < 2 ** 31 else np.int64),
+                           np.searchsorted(slots[order], np.arange(per_epoch + 1)))
+        _, order, bounds = self._index
+        return order[bounds[t]:bounds[t + 1]]
 
     def _train(self, iteration: int, per_epoch: int) -> dict[str, Any]:
         epoch, t = divmod(iteration, per_epoch)
