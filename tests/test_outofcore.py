@@ -62,6 +62,29 @@ def test_budget_smaller_than_the_data_evicts_and_keeps_state_exactly(tmp_path, m
     assert os.listdir(spill) == []  # spill directories removed when the workers ended
 
 
+@pytest.mark.timeout(90)
+def test_loads_wait_for_room_when_every_executor_has_a_task(tmp_path, monkeypatch):
+    """Every executor always has a task queued (as in each BSP iteration): loads must still fit the budget,
+    not all start at once. Replaying each worker's evict/load events in order, at most two of its four
+    executors (4 MiB of input each, budget 2 x 4 MiB + 64 KiB) are ever in memory after the first load."""
+    monkeypatch.setenv("LITZ_SPILL_DIR", str(tmp_path))
+    out = tmp_path / "out.json"
+    result = litz.run(app_path("bigstate"), workers=2, servers=1, executors=E, output=str(out),
+                      memory_limit=(2 * MB << 20) + (64 << 10), config={"rounds": ROUNDS, "mb": MB, "inflight": E})
+    check_states(result)
+    events = [e for e in json.loads(out.read_text())["events"] if e["kind"] in ("evict", "load")]
+    workers = {e["worker"] for e in events}
+    assert len(workers) == 2
+    for worker in workers:
+        resident, peak, loaded = E // 2, 0, False  # each worker starts with its executors in memory
+        for e in (e for e in events if e["worker"] == worker):
+            resident += 1 if e["kind"] == "load" else -1
+            loaded = loaded or e["kind"] == "load"
+            if loaded:
+                peak = max(peak, resident)
+        assert loaded and peak <= 2, (worker, peak)
+
+
 @pytest.mark.timeout(120)
 def test_budget_changed_at_run_time_and_memory_falls(tmp_path, monkeypatch):
     monkeypatch.setenv("LITZ_SPILL_DIR", str(tmp_path))
