@@ -326,3 +326,22 @@ def test_bad_input_on_the_command_line_is_one_line(tmp_path) -> None:
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert res.returncode != 0 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
     assert "1 NaN value(s) in the data; the first at row 3, column 1" in lines[0]
+
+
+def test_per_process_caches_never_serve_another_arrays_points() -> None:
+    """The tree and order caches are keyed by id(X): an entry left by an array since freed must not be found
+    for a new array at the same address (a job run after another in one process got the old points: recall 0)."""
+    import apps.hdbscan as app
+
+    rng = np.random.default_rng(0)
+    X, old = (rng.random((300, 4), dtype=np.float32) for _ in range(2))
+    for cache, build in ((app._ORDERS, app._spatial_order), (app._TREES, app._rp_tree)):
+        key = (id(X), X.shape, 0, 16, 1)
+        cache.clear()
+        cache[key] = (old, build(old, 0, 16, 1))  # what an earlier array at X's address left behind
+        got = build(X, 0, 16, 1)
+        if build is app._spatial_order:
+            ordered, perm = got
+            assert np.array_equal(ordered, X[perm])
+        assert cache[key][0] is X  # rebuilt for X, not served from the stale entry
+        cache.clear()

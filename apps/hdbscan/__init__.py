@@ -76,31 +76,37 @@ def _seed(*parts: int) -> int:
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
-_TREES: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # per process, like data._CACHE
+_TREES: dict[tuple, tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]] = {}  # per process, like data._CACHE
 
 
 def _rp_tree(X: np.ndarray, metric: int, leaf: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """One random-projection tree over all points, built once per process (executors there share it)."""
+    """One random-projection tree over all points, built once per process (executors there share it).
+
+    Each entry holds its X: keyed by ``id(X)`` alone, a tree built for an array since freed would be found
+    again for a new array that happens to get the same address (a job run after another in one process)."""
     key = (id(X), X.shape, metric, leaf, seed)
-    if key not in _TREES:
+    entry = _TREES.get(key)
+    if entry is None or entry[0] is not X:
         if len(_TREES) > 64:
             _TREES.clear()
-        _TREES[key] = _kernels()[0].rp_tree(X, metric, leaf, seed)
-    return _TREES[key]
+        entry = _TREES[key] = (X, _kernels()[0].rp_tree(X, metric, leaf, seed))
+    return entry[1]
 
 
-_ORDERS: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # per process
+_ORDERS: dict[tuple, tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]] = {}  # per process
 
 
 def _spatial_order(X: np.ndarray, metric: int, leaf: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """``(X[perm], perm)`` with ``perm`` the leaf order of a random-projection tree: nearby points get nearby
-    internal ids, so contiguous blocks of ids are spatial cells (built once per process)."""
+    internal ids, so contiguous blocks of ids are spatial cells (built once per process; the entry holds X
+    for the same reason as :func:`_rp_tree`'s: a stale entry would hand out another array's points)."""
     key = (id(X), X.shape, metric, leaf, seed)
-    if key not in _ORDERS:
+    entry = _ORDERS.get(key)
+    if entry is None or entry[0] is not X:
         _ORDERS.clear()
         perm, _ = _kernels()[0].rp_tree(X, metric, leaf, seed)
-        _ORDERS[key] = (np.ascontiguousarray(X[perm]), perm)
-    return _ORDERS[key]
+        entry = _ORDERS[key] = (X, (np.ascontiguousarray(X[perm]), perm))
+    return entry[1]
 
 
 def _pairs(counts: np.ndarray, dst: int) -> dict[int, int]:
