@@ -7,6 +7,7 @@ import importlib.util
 import os
 import sys
 import traceback
+import types
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -24,8 +25,51 @@ class App:
     executor_cls: type
 
     def executor_blob(self) -> bytes:
-        """The executor class with the app's code by value: workers need not have the app installed."""
-        return cloudpickle.dumps(self.executor_cls)
+        """The executor class with the app's code by value: workers need not have the app installed. The
+        app's source file names travel with it, since cloudpickle (>= 3.1.3) ships code as ``<dynamic-code>``
+        and an app's traceback on a worker must still name its file and line."""
+        root = self.module.__name__
+        files = {name: mod.__file__ for name, mod in list(sys.modules.items())
+                 if (name == root or name.startswith(root + ".")) and getattr(mod, "__file__", None)}
+        return cloudpickle.dumps((self.executor_cls, files))
+
+
+def load_executor_class(blob: bytes) -> type:
+    """The executor class from :meth:`App.executor_blob`, its code objects named after their source files."""
+    cls, files = cloudpickle.loads(blob)
+    _restore_filenames(cls, files, set())
+    return cls
+
+
+def _restore_filenames(obj: object, files: dict[str, str], seen: set[int]) -> None:
+    """Walk the classes and functions reachable from ``obj`` (methods, and the module globals they use) and
+    give each function of an app module its file name back."""
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, (staticmethod, classmethod)):
+        _restore_filenames(obj.__func__, files, seen)
+    elif isinstance(obj, property):
+        for f in (obj.fget, obj.fset, obj.fdel):
+            if f is not None:
+                _restore_filenames(f, files, seen)
+    elif isinstance(obj, type):
+        if obj.__module__ in files:
+            for value in list(vars(obj).values()):
+                _restore_filenames(value, files, seen)
+            for base in obj.__bases__:
+                _restore_filenames(base, files, seen)
+    elif isinstance(obj, types.FunctionType) and obj.__module__ in files:
+        obj.__code__ = _renamed(obj.__code__, files[obj.__module__])
+        for value in list(obj.__globals__.values()):
+            _restore_filenames(value, files, seen)
+
+
+def _renamed(code: types.CodeType, filename: str) -> types.CodeType:
+    consts = tuple(_renamed(c, filename) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    if code.co_filename == filename and consts == code.co_consts:
+        return code
+    return code.replace(co_filename=filename, co_consts=consts)
 
 
 def _import(spec: str) -> ModuleType:

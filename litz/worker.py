@@ -20,6 +20,7 @@ import zmq
 from . import protocol as P
 from . import wire
 from .api import Executor
+from .appload import load_executor_class
 from .cache import MISS, ParamCache, UpdateLog
 from .checkpoint import executor_part, read_part, sync_filesystem, write_part
 from .errors import LitzError, describe_app_exception
@@ -159,7 +160,7 @@ class Worker(Process):
             self.on_ack(sender, msg[1], msg[2], msg[3])
         elif tag == P.APP:
             _, blob, self.config, self.num_executors = msg
-            self.executor_cls = cloudpickle.loads(blob)
+            self.executor_cls = load_executor_class(blob)
         elif tag == P.SHARDS:
             self.on_shard_map(msg[1], list(msg[2]), msg[3])
         elif tag == P.CREATE:

@@ -105,6 +105,27 @@ def test_app_exceptions(tmp_path, where, body):
     assert "raising.py" in res.stderr  # the app's own traceback names its file
 
 
+def test_executor_class_shipped_by_value_keeps_its_file_names(tmp_path):
+    """Methods, module helpers they call and functions nested in them name the app's file on a worker
+    (cloudpickle >= 3.1.3 ships code as ``<dynamic-code>``)."""
+    from litz.appload import load_app, load_executor_class
+
+    app = load_app(write_app(tmp_path, "named", GOOD_DRIVER + textwrap.dedent("""\
+        def helper(a):
+            return (lambda: a)()
+        class E(litz.Executor):
+            @staticmethod
+            def run_task(a):
+                return helper(a)
+        """)))
+    cls = load_executor_class(app.executor_blob())
+    helper = cls.run_task.__globals__["helper"]
+    nested = [c for c in helper.__code__.co_consts if hasattr(c, "co_filename")]
+    assert nested and {cls.run_task.__code__.co_filename, helper.__code__.co_filename,
+                       *(c.co_filename for c in nested)} == {str(tmp_path / "named.py")}
+    assert cls.run_task(7) == 7
+
+
 @pytest.mark.timeout(60)
 def test_driver_without_tasks_in_flight(tmp_path):
     app = write_app(tmp_path, "stalls", GOOD_EXECUTOR + GOOD_DRIVER.replace("self.finish(r)", "pass"))
