@@ -32,13 +32,13 @@ def check_json(value: Any, what: str) -> Any:
 
 
 class JobLog:
-    def __init__(self, metrics_path: str | None = None, progress: bool = True, stream: TextIO = sys.stderr):
+    def __init__(self, metrics_path: str | None = None, progress: bool = True, stream: TextIO | None = None):
         self.start = time.time()
         self.events: list[dict] = []
         self.last_report: dict = {}
         self.progress = progress
-        self.stream = stream
-        self._tty = stream.isatty()
+        self.stream = stream or sys.stderr  # looked up now: a default argument would pin the one at import
+        self._tty = self.stream.isatty()
         self._last_line = 0.0
         self._metrics = open(metrics_path, "a", buffering=1) if metrics_path else None
 

@@ -94,23 +94,27 @@ def _write(path: str, obj: Any, kept: bool = False) -> Spilled:
         header = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
     crc = zlib.crc32(header)
     layout, offset = [], len(header)
-    with open(path, "wb") as f:
-        f.write(header)
-        for buf in buffers:
-            raw = buf.raw()
-            pad = -offset % _ALIGN
-            if pad:
-                f.write(bytes(pad))
-                crc = zlib.crc32(bytes(pad), crc)
-                offset += pad
-            f.write(raw)
-            crc = zlib.crc32(raw, crc)
-            layout.append((offset, raw.nbytes))
-            offset += raw.nbytes
-        if kept:
-            f.flush()
-            os.fdatasync(f.fileno())
-            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    try:
+        with open(path, "wb") as f:
+            f.write(header)
+            for buf in buffers:
+                raw = buf.raw()
+                pad = -offset % _ALIGN
+                if pad:
+                    f.write(bytes(pad))
+                    crc = zlib.crc32(bytes(pad), crc)
+                    offset += pad
+                f.write(raw)
+                crc = zlib.crc32(raw, crc)
+                layout.append((offset, raw.nbytes))
+                offset += raw.nbytes
+            if kept:
+                f.flush()
+                os.fdatasync(f.fileno())
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    except BaseException:  # a full disk: leave no partial file taking the room the next attempt needs
+        _unlink(path)
+        raise
     return Spilled(path, crc, offset, len(header), layout)
 
 

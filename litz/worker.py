@@ -94,6 +94,7 @@ class Worker(Process):
         self.residency = Residency(self.ident)
         self.baseline_rss = resident_bytes()
         self._next_enforce = 0.0
+        self._spill_retry_at = 0.0  # after a failed eviction (disk full, not writable): when to try again
         self.next_rid = 0
         self.next_fid = 0
         self.running = True
@@ -224,12 +225,20 @@ class Worker(Process):
                 return
             if self.pending[eid] or eid in self.moving or eid not in self.executors:
                 continue  # a task is queued, waiting or running for it: keep it (thesis §4.8.1)
+            if time.monotonic() < self._spill_retry_at:
+                return
             try:
                 nbytes, seconds = res.evict(eid, self.executors[eid])
             except (OSError, LitzError) as exc:  # disk full or not writable: keep it in memory, nothing lost
-                self.send("master", (P.MEMORY_EVENT, "evict_failed", eid, 0, 0.0))
-                sys.stderr.write(f"litz: worker {self.ident}: cannot spill executor {eid}: {exc}\n")
+                if not self._spill_retry_at:  # one line and one event per episode, not one per attempt
+                    self.send("master", (P.MEMORY_EVENT, "evict_failed", eid, 0, 0.0))
+                    sys.stderr.write(f"litz: worker {self.ident}: cannot spill executor {eid} ({exc}); "
+                                     "running over the memory budget, retrying every second\n")
+                self._spill_retry_at = time.monotonic() + 1.0
                 return
+            if self._spill_retry_at:
+                self._spill_retry_at = 0.0
+                sys.stderr.write(f"litz: worker {self.ident}: spilling executors again\n")
             del self.executors[eid]
             self.memory_event("evict", eid, nbytes, seconds)
 
@@ -266,7 +275,7 @@ class Worker(Process):
         """Start loads in task order while they fit in the budget next to what is resident or loading; the
         rest wait until an executor's task ends and it can be evicted. (Starting every load at once held
         all of a worker's executors in memory whenever all had a task, as in every BSP iteration.) With
-        nothing resident or loading, a load starts even if it alone is over the budget."""
+        nothing resident or loading, or while spilling fails, a load starts even if it is over the budget."""
         res = self.residency
         while self.load_queue:
             eid = next(iter(self.load_queue))
@@ -275,7 +284,9 @@ class Worker(Process):
                 continue
             need = res.load_bytes(eid) + res.loading_bytes()
             self.evict_idle(need=need)
-            if res.budget is not None and res.resident() + need > res.budget and (res.lru or res.loading):
+            spill_works = not self._spill_retry_at  # else waiting for room could wait forever: load over budget
+            if (res.budget is not None and res.resident() + need > res.budget and (res.lru or res.loading)
+                    and spill_works):
                 return
             del self.load_queue[eid]
             res.start_load(eid)

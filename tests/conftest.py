@@ -39,6 +39,22 @@ def no_leftover_processes():
     assert not left, f"processes left behind: {[(p.pid, p.cmdline()) for p in left]}"
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real filesystem whose size the test can change (``helpers.resize``): a tmpfs mounted for the test."""
+    import subprocess
+
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)], capture_output=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)])
+
+
 def _free_port() -> int:
     import socket
 

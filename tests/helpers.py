@@ -77,3 +77,8 @@ def status(name: str, etcd: str | None = None) -> dict | None:
     args = ["litzctl", *(["--etcd", etcd] if etcd else []), "--name", name, "status", "--json"]
     res = run_cli(args, timeout=30)
     return json.loads(res.stdout) if res.returncode == 0 else None
+
+
+def resize(mnt, size: str) -> None:
+    """Change the size of a tmpfs from the ``small_disk`` fixture (conftest.py)."""
+    subprocess.run(["mount", "-o", f"remount,size={size}", str(mnt)], check=True)

@@ -7,7 +7,7 @@ import pytest
 import litz
 from litz.outofcore import parse_bytes, state_bytes
 from tests.apps.bigstate import expected_state
-from tests.helpers import Processes, app_path, run_cli, status, wait_for
+from tests.helpers import Processes, app_path, resize, run_cli, status, wait_for
 from tests.test_elasticity import ctl
 
 E, ROUNDS, MB = 8, 6, 4
@@ -156,6 +156,38 @@ def test_corrupted_spill_file_is_a_clear_error(tmp_path, monkeypatch):
         _, stderr = job.communicate(timeout=60)
     assert job.returncode == 1, stderr
     assert "is corrupted (checksum differs)" in stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("disk", ["full", "not a directory"])
+def test_spill_failure_keeps_executors_in_memory_and_says_so_once(small_disk, tmp_path, monkeypatch, capfd, disk):
+    """A spill directory on a full disk (room for one executor's input file, not two) or one that cannot be
+    made: evictions fail, the executors stay in memory, nothing is lost, and each worker says so in one line
+    per episode (not once per attempt)."""
+    if disk == "full":
+        resize(small_disk, "6m")
+        spill = small_disk
+    else:
+        (tmp_path / "file").write_text("")
+        spill = tmp_path / "file" / "spill"
+    monkeypatch.setenv("LITZ_SPILL_DIR", str(spill))
+    out = tmp_path / "out.json"
+    result = litz.run(app_path("bigstate"), workers=2, servers=1, executors=E, output=str(out),
+                      memory_limit=2 * MB << 20, config={"rounds": ROUNDS, "mb": MB, "inflight": 2})
+    check_states(result)
+    events = json.loads(out.read_text())["events"]
+    failed = [e for e in events if e["kind"] == "evict_failed"]
+    assert failed
+    lines = [ln for ln in capfd.readouterr().err.splitlines() if "cannot spill executor" in ln]
+    assert lines and all("running over the memory budget" in ln for ln in lines)
+    if disk == "not a directory":
+        assert all("is not writable" in ln for ln in lines)
+    for worker in {e["worker"] for e in failed}:
+        evicted = sum(1 for e in events if e["kind"] == "evict" and e["worker"] == worker)
+        said = sum(1 for ln in lines if f"worker {worker}:" in ln)
+        assert 1 <= said <= evicted + 1, (worker, said, evicted)  # a new episode needs a success before it
+    if disk == "full":
+        assert os.listdir(small_disk) == []  # no partial file left behind, spill directories removed
 
 
 @pytest.mark.timeout(60)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.helpers import Processes, app_path, run_cli, status, wait_for
+from tests.helpers import Processes, app_path, resize, run_cli, status, wait_for
 from tests.test_elasticity import CHAINS, check_result, ctl
 
 STEPS = 400
@@ -115,24 +115,6 @@ def test_resume_refuses_another_apps_checkpoint_and_an_empty_dir(tmp_path):
     empty.mkdir()
     res = run_cli(["litz", "run", app_path("noop"), "--resume", str(empty), "--no-progress"], timeout=60)
     assert res.returncode == 2 and "no complete checkpoint" in res.stderr, res.stderr
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real filesystem whose size the test can change: a tmpfs mounted for the test."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)], capture_output=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.decode().strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)])
-
-
-def resize(mnt, size: str) -> None:
-    subprocess.run(["mount", "-o", f"remount,size={size}", str(mnt)], check=True)
 
 
 @pytest.mark.timeout(90)
