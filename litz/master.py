@@ -262,6 +262,7 @@ class Master(Process):
         self.executor_owner = [workers[e * w // n] for e in range(n)]  # contiguous, balanced blocks
         for s in servers:
             self.send(s, self.map_message())
+            self.recovery.announce(s)
         self._blob = self.app.executor_blob()
         for ident in workers:
             self.join_worker(ident, [e for e in range(n) if self.executor_owner[e] == ident] if create else [])
@@ -413,6 +414,7 @@ class Master(Process):
         else:
             self.last_owned[ident] = self.map_version
             self.send(ident, self.map_message())
+            self.recovery.announce(ident)
             if not self.recovery.paused:
                 self.rebalance("scale_out", [ident])
 

@@ -46,6 +46,7 @@ DRAIN_REFUSED = "drain_refused"          # master -> worker/server: (DRAIN_REFUS
 
 # SCAR (thesis ch. 5)
 PRIORITY_CHECKPOINT = "priority_checkpoint"  # master -> server: (PRIORITY_CHECKPOINT, root, fraction)
+RUNNING_CHECKPOINT = "running_checkpoint"    # master -> server: (RUNNING_CHECKPOINT,) keep new keys' first values
 PRIORITY_SAVED = "priority_saved"            # server -> master: (PRIORITY_SAVED, keys_saved, keys_held, error)
 RESTORE_SHARDS = "restore_shards"            # master -> live server: (RESTORE_SHARDS, source, root, {shard: meta})
 RESET_TASKS = "reset_tasks"                  # master -> worker: (RESET_TASKS, shard_map_message) keep executors

@@ -1,6 +1,9 @@
 """SCAR (thesis ch. 5): a running checkpoint of parameter values with prioritised partial saves.
 
-The running checkpoint starts as the initial values (in Litz every key starts at zero, so: empty). Every
+The running checkpoint starts as the initial values (thesis §5.4.2: "initialized to the initial parameter
+values"). In Litz a key starts at zero and an app may write its starting values as updates, so with priority
+checkpoints on, a server keeps each key's first value as it creates the key (a never-saved key used to be
+recovered to zero, which lost such an app's starting values); the next round writes it to disk. Every
 priority checkpoint saves, on each server, the fraction ``r`` of its keys whose values moved farthest from
 their saved copy; the server keeps that copy in memory (so distances are cheap) and writes the changed
 shard files in a background thread. After a server is lost, *partial recovery* reloads only its shards
@@ -46,8 +49,22 @@ class RunningCheckpoint:
     def __init__(self) -> None:
         self.saved: dict[int, dict[Hashable, Any]] = {}  # shard -> key -> saved value
         self.meta: dict[int, dict] = {}  # shard -> {bytes, sha256} of its file
+        self.seeding = False  # keep each new key's first value (the master turns it on with priority checkpoints)
+        self.dirty: set[int] = set()  # shards with values kept since their file was last written
         self._writer: threading.Thread | None = None
         self.error: str | None = None
+
+    def seed(self, shard: int, key: Hashable, value: Any) -> None:
+        """A key was just created here with ``value``: its starting value, unless a saved one is held."""
+        table = self.saved.setdefault(shard, {})
+        if key not in table:
+            table[key] = np.array(value) if isinstance(value, np.ndarray) else value
+            self.dirty.add(shard)
+
+    def drop(self, shard: int) -> None:
+        """The shard moved away: its new owner keeps (and writes) its own copy."""
+        self.saved.pop(shard, None)
+        self.dirty.discard(shard)
 
     def save(self, root: str, shards: dict[int, dict[Hashable, Any]], fraction: float) -> tuple[int, int]:
         """Copy the top ``fraction`` of keys into memory now; write the touched shard files in the background.
@@ -56,7 +73,7 @@ class RunningCheckpoint:
         flat = {(s, k): v for s, table in shards.items() for k, v in table.items()}
         saved_flat = {(s, k): v for s, table in self.saved.items() for k, v in table.items()}
         chosen = select_priority(flat, saved_flat, fraction)
-        touched = set()
+        touched, self.dirty = self.dirty, set()
         for s, k in chosen:
             v = flat[(s, k)]
             self.saved.setdefault(s, {})[k] = np.array(v) if isinstance(v, np.ndarray) else v

@@ -105,6 +105,8 @@ class Server(Process):
             error = self.running_ckpt.error
             saved, held = self.running_ckpt.save(msg[1], self.shards, msg[2])
             self.send("master", (P.PRIORITY_SAVED, saved, held, error))
+        elif tag == P.RUNNING_CHECKPOINT:
+            self.running_ckpt.seeding = True
         elif tag == P.RESTORE_SHARDS:
             self.restore_lost_shards(msg[1], msg[2], msg[3])
         elif not self.handle_lifecycle(tag, msg):
@@ -156,7 +158,9 @@ class Server(Process):
         table = self.shards.setdefault(shard, {})
         cur = table.get(key)
         if cur is None:
-            table[key] = _own(delta)
+            table[key] = value = _own(delta)
+            if self.running_ckpt.seeding:
+                self.running_ckpt.seed(shard, key, value)
             return
         ref = (shard, key)
         in_place = ref not in self.exported
@@ -169,6 +173,7 @@ class Server(Process):
     # -- elasticity ----------------------------------------------------------------------------------
     def move_shard(self, shard: int, dest: str) -> None:
         table = self.shards.pop(shard, {})
+        self.running_ckpt.drop(shard)  # the destination keeps the values it receives as its starting copy
         self.exported = {ref for ref in self.exported if ref[0] != shard}
         self.forward[shard] = dest
         self.send(dest, (P.SHARD_DATA, shard, table))  # before anything forwarded for it: same channel
@@ -205,7 +210,10 @@ class Server(Process):
         self.retire_waiting, self.fences = None, set()
         try:
             for shard, meta in parts.items():
-                self.shards[shard] = read_part(root, shard_part(shard), meta)
+                self.shards[shard] = table = read_part(root, shard_part(shard), meta)
+                if self.running_ckpt.seeding:  # a shard new to this server starts from the restored values
+                    for key, value in table.items():
+                        self.running_ckpt.seed(shard, key, value)
         except LitzError as exc:
             self.shards.clear()
             self.send("master", (P.RESTORE_FAILED, str(exc)))

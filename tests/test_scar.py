@@ -28,13 +28,13 @@ def phase(name: str) -> str | None:
     return st and st["report"].get("phase")
 
 
-def lost_keys(st: dict, server: str) -> set[str]:
+def lost_keys(st: dict, server: str, keys: list = KEYS) -> set[str]:
     owners = [""] * st["shards"]
     for s in st["servers"]:
         for shard in s["shards"]:
             owners[shard] = s["id"]
     shardmap = ShardMap(st["shards"], owners)
-    return {f"{k[0]}{k[1]}" for k in KEYS if owners[shardmap.shard(k)] == server}
+    return {f"{k[0]}{k[1]}" for k in keys if owners[shardmap.shard(k)] == server}
 
 
 @pytest.mark.timeout(90)
@@ -84,3 +84,34 @@ def test_priority_checkpoints_feed_partial_recovery(tmp_path):
     assert len(rounds) >= 8 and all(0 < e["keys_saved"] <= max(1, round(0.25 * e["keys"])) + 1 for e in rounds)
     partial = [e for e in events if e["kind"] == "partial_recovery"]
     assert len(partial) == 1 and partial[0]["source"] == "running"
+
+
+@pytest.mark.timeout(90)
+def test_running_checkpoint_starts_from_the_values_an_app_writes_first(tmp_path):
+    """Thesis §5.4.2: the running checkpoint is "initialized to the initial parameter values". The app writes
+    its starting values as updates; with 1 key per server per round, every round picks a hot key (moved by 20
+    or more) over a cold one (never changed after its start), so the lost cold keys can only come back from
+    the starting values. Before the running checkpoint kept them, they came back as missing (zero)."""
+    from tests.apps.starting import COLD
+
+    name, out = "scar-starting", tmp_path / "out.json"
+    with Processes() as procs:
+        job = procs.start(["litz", "run", app_path("starting"), "--name", name, "--servers", "2", "--executors", "4",
+                           "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "5",
+                           "--priority-checkpoint", "0.02", "--partial-recovery", "--output", str(out),
+                           "--config", "drift_s=6", "--no-progress"])
+        st = wait_for(lambda: phase(name) == "drift" and status(name), 30, "the drift phase")
+        lost = lost_keys(st, "s1", COLD)
+        assert lost  # some cold keys live on s1
+        time.sleep(1.5)  # rounds every 0.1 s while only the hot keys move
+        assert ctl(name, "kill", "s1").returncode == 0
+        stdout, stderr = job.communicate(timeout=60)
+        assert job.returncode == 0, stderr
+    values = json.loads(stdout)["values"]
+    assert {k: v for k, v in values.items() if k in lost} == {k: 1.0 for k in lost}
+    assert set(values.values()) == {1.0}
+    events = json.loads(out.read_text())["events"]
+    partial = [e for e in events if e["kind"] == "partial_recovery"]
+    assert len(partial) == 1 and partial[0]["lost"] == ["s1"] and partial[0]["source"] == "running"
+    rounds = [e for e in events if e["kind"] == "priority_checkpoint"]
+    assert len(rounds) >= 5 and all(e["keys_saved"] <= 2 for e in rounds)
