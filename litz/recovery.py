@@ -164,6 +164,13 @@ class Recovery:
             self.priority_round = None
             self.next_priority = time.time() + self.every * self.priority
 
+    def restart_priority_rounds(self) -> None:
+        """A recovery drops the round under way: a lost server never answers it, and the epoch it starts drops
+        the survivors' answers. Left waiting, that round stopped every later one for the rest of the job."""
+        if self.priority is not None:
+            self.priority_round = None
+            self.next_priority = time.time() + self.every * self.priority
+
     def failed(self, reason: str) -> None:
         warn(f"checkpoint failed, the previous one stays in use: {reason}")
         self.master.joblog.event("checkpoint_failed", reason=reason)
@@ -194,6 +201,7 @@ class Recovery:
         """Restore the latest good checkpoint onto the processes still alive (plus replacements)."""
         m = self.master
         t0 = time.time()
+        self.restart_priority_rounds()
         if self.partial and self.can_recover_partially(lost):
             self.recover_partially(lost)
             return

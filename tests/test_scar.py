@@ -115,3 +115,26 @@ def test_running_checkpoint_starts_from_the_values_an_app_writes_first(tmp_path)
     assert len(partial) == 1 and partial[0]["lost"] == ["s1"] and partial[0]["source"] == "running"
     rounds = [e for e in events if e["kind"] == "priority_checkpoint"]
     assert len(rounds) >= 5 and all(e["keys_saved"] <= 2 for e in rounds)
+
+
+@pytest.mark.timeout(90)
+def test_priority_rounds_go_on_after_a_recovery(tmp_path):
+    """Rounds back to back (every 1 ms), so the kill most likely lands while one waits for the lost server's
+    answer: that round used to wait for ever, and no round followed for the rest of the job."""
+    name, out = "scar-rounds", tmp_path / "out.json"
+    with Processes() as procs:
+        job = procs.start(["litz", "run", app_path("phases"), "--name", name, "--servers", "2", "--executors", "4",
+                           "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "0.01",
+                           "--priority-checkpoint", "0.1", "--partial-recovery", "--output", str(out),
+                           "--config", "idle2=60", "--no-progress"])
+        wait_for(lambda: phase(name) == "idle3", 30, "the second quiet phase")
+        time.sleep(0.5)
+        assert ctl(name, "kill", "s1").returncode == 0
+        stdout, stderr = job.communicate(timeout=60)
+        assert job.returncode == 0, stderr
+    assert set(json.loads(stdout)["values"].values()) == {11.0}
+    events = json.loads(out.read_text())["events"]
+    partial = [e for e in events if e["kind"] == "partial_recovery"]
+    assert len(partial) == 1 and partial[0]["source"] == "running"
+    after = [e for e in events if e["kind"] == "priority_checkpoint" and e["t"] > partial[0]["t"]]
+    assert len(after) >= 5
