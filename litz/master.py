@@ -388,6 +388,8 @@ class Master(Process):
             self.recovery.on_restored(sender, msg[1])
         elif tag == P.MEMORY_EVENT:
             self.joblog.event(msg[1], worker=sender, executor=msg[2], bytes=msg[3], seconds=msg[4])
+        elif tag == P.PRIORITY_DISTANCES:
+            self.recovery.on_priority_distances(sender, msg[1], msg[2])
         elif tag == P.PRIORITY_SAVED:
             self.recovery.on_priority_saved(sender, msg[1], msg[2], msg[3])
         elif tag == P.FAIL:

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import protocol as P
 from .checkpoint import Checkpoint, CheckpointStore, executor_part, shard_part
 from .errors import LitzError
+from .scar import global_top_counts
 
 if TYPE_CHECKING:
     from .master import Master, Member
@@ -142,16 +143,36 @@ class Recovery:
             self.master.send(server, (P.RUNNING_CHECKPOINT,))
 
     def priority_checkpoint(self) -> None:
-        """SCAR: each server saves its fraction R of most-changed keys; training does not pause."""
+        """SCAR: save the fraction R of all keys that changed most; training does not pause. As the thesis'
+        checkpoint coordinator (§5.4.3): every server sends the distances of its keys from their saved copies,
+        the master takes the global top R and tells each server how many of its farthest keys to save."""
         m = self.master
         servers = [i for i, s in m.servers.items() if s.state == "active"]
-        self.priority_round = {"t0": time.time(), "waiting": set(servers), "saved": 0, "held": 0}
+        if not servers:
+            self.next_priority = time.time() + self.every * self.priority
+            return
+        self.priority_round = {"t0": time.time(), "phase": "measure", "waiting": set(servers), "distances": {},
+                               "saved": 0, "held": 0}
         for ident in servers:
             m.send(ident, (P.PRIORITY_CHECKPOINT, self.store.root, self.priority))
 
+    def on_priority_distances(self, sender: str, distances: Any, error: str | None) -> None:
+        r = self.priority_round
+        if r is None or r["phase"] != "measure" or sender not in r["waiting"]:
+            return
+        if error:
+            warn(error)
+        r["waiting"].discard(sender)
+        r["distances"][sender] = distances
+        if not r["waiting"]:
+            counts = global_top_counts(r.pop("distances"), self.priority)
+            r["phase"], r["waiting"] = "save", set(counts)
+            for ident, count in counts.items():
+                self.master.send(ident, (P.PRIORITY_SAVE, self.store.root, count))
+
     def on_priority_saved(self, sender: str, saved: int, held: int, error: str | None) -> None:
         r = self.priority_round
-        if r is None or sender not in r["waiting"]:
+        if r is None or r["phase"] != "save" or sender not in r["waiting"]:
             return
         if error:
             warn(error)

@@ -4,10 +4,12 @@ The running checkpoint starts as the initial values (thesis §5.4.2: "initialize
 values"). In Litz a key starts at zero and an app may write its starting values as updates, so with priority
 checkpoints on, a server keeps each key's first value as it creates the key (a never-saved key used to be
 recovered to zero, which lost such an app's starting values); the next round writes it to disk. Every
-priority checkpoint saves, on each server, the fraction ``r`` of its keys whose values moved farthest from
-their saved copy; the server keeps that copy in memory (so distances are cheap) and writes the changed
-shard files in a background thread. After a server is lost, *partial recovery* reloads only its shards
-from here, leaving every surviving parameter (and every executor) as it is.
+priority checkpoint saves the fraction ``r`` of all keys whose values moved farthest from their saved copy,
+chosen as the thesis' checkpoint coordinator does (§5.4.3): every server measures the distance of each of
+its keys from its saved copy (kept in memory, so this is cheap), the master takes the global top ``r`` of
+those distances and tells each server how many of its own farthest keys that is, and the servers copy them
+and write the changed shard files in a background thread. After a server is lost, *partial recovery*
+reloads only its shards from here, leaving every surviving parameter (and every executor) as it is.
 """
 from __future__ import annotations
 
@@ -43,12 +45,29 @@ def select_priority(current: dict[Hashable, Any], saved: dict[Hashable, Any], fr
     return [keys[i] for i in top]
 
 
+def global_top_counts(distances: dict[str, np.ndarray], fraction: float) -> dict[str, int]:
+    """How many of each server's keys are in the ``fraction`` (at least one key, if any) of all keys farthest
+    from their saved copies: the coordinator's top-k over every server's distances (thesis §5.4.3, step 3)."""
+    names = list(distances)
+    sizes = [len(distances[n]) for n in names]
+    total = sum(sizes)
+    if total == 0:
+        return {n: 0 for n in names}
+    count = max(1, int(round(fraction * total)))
+    every = np.concatenate([np.asarray(distances[n], dtype=np.float64) for n in names])
+    owner = np.repeat(np.arange(len(names)), sizes)
+    top = np.arange(total) if count >= total else np.argpartition(-every, count - 1)[:count]
+    per = np.bincount(owner[top], minlength=len(names))
+    return {n: int(c) for n, c in zip(names, per, strict=True)}
+
+
 class RunningCheckpoint:
     """A server's view of the running checkpoint: saved copies in memory, one file per shard on disk."""
 
     def __init__(self) -> None:
         self.saved: dict[int, dict[Hashable, Any]] = {}  # shard -> key -> saved value
         self.meta: dict[int, dict] = {}  # shard -> {bytes, sha256} of its file
+        self.pending: tuple[list[tuple[int, Hashable]], np.ndarray] | None = None  # the last measure()
         self.seeding = False  # keep each new key's first value (the master turns it on with priority checkpoints)
         self.dirty: set[int] = set()  # shards with values kept since their file was last written
         self._writer: threading.Thread | None = None
@@ -66,24 +85,41 @@ class RunningCheckpoint:
         self.saved.pop(shard, None)
         self.dirty.discard(shard)
 
-    def save(self, root: str, shards: dict[int, dict[Hashable, Any]], fraction: float) -> tuple[int, int]:
-        """Copy the top ``fraction`` of keys into memory now; write the touched shard files in the background.
+    def measure(self, shards: Any) -> np.ndarray:
+        """Step 1 of a round: the distance of every key held here from its saved copy (kept for ``save_top``)."""
+        refs, dist = [], []
+        for s, table in shards.items():
+            saved = self.saved.get(s, {})
+            for k, v in table.items():
+                refs.append((s, k))
+                dist.append(distance(v, saved.get(k)))
+        self.pending = (refs, np.array(dist, dtype=np.float64))
+        return self.pending[1]
 
-        Returns (keys saved, keys held)."""
-        flat = {(s, k): v for s, table in shards.items() for k, v in table.items()}
-        saved_flat = {(s, k): v for s, table in self.saved.items() for k, v in table.items()}
-        chosen = select_priority(flat, saved_flat, fraction)
+    def save_top(self, root: str, shards: Any, count: int) -> tuple[int, int]:
+        """Step 4: copy the ``count`` keys measured farthest (the coordinator's pick here) into memory now, with
+        their current values; write the touched shard files in the background. Returns (saved, measured)."""
+        refs, dist = self.pending or ([], np.empty(0))
+        self.pending = None
+        count = min(count, len(refs))
+        top = [] if count <= 0 else range(count) if count >= len(refs) else np.argpartition(-dist, count - 1)[:count]
         touched, self.dirty = self.dirty, set()
-        for s, k in chosen:
-            v = flat[(s, k)]
+        saved = 0
+        for i in top:
+            s, k = refs[i]
+            table = shards.get(s)  # None: it moved away since measure()
+            if table is None or k not in table:
+                continue
+            v = table[k]
             self.saved.setdefault(s, {})[k] = np.array(v) if isinstance(v, np.ndarray) else v
             touched.add(s)
-        snapshot = {s: dict(self.saved[s]) for s in touched}
+            saved += 1
+        snapshot = {s: dict(self.saved[s]) for s in touched if s in self.saved}
         self.wait()
         self._writer = threading.Thread(target=self._write, args=(root, snapshot), daemon=True,
                                         name="litz-running-checkpoint")
         self._writer.start()
-        return len(chosen), len(flat)
+        return saved, len(refs)
 
     def _write(self, root: str, snapshot: dict[int, dict]) -> None:
         try:

@@ -101,10 +101,11 @@ class Server(Process):
             self.checkpoint(msg[1])
         elif tag == P.RESTORE:
             self.restore(msg[1], msg[2])
-        elif tag == P.PRIORITY_CHECKPOINT:
-            error = self.running_ckpt.error
-            saved, held = self.running_ckpt.save(msg[1], self.shards, msg[2])
-            self.send("master", (P.PRIORITY_SAVED, saved, held, error))
+        elif tag == P.PRIORITY_CHECKPOINT:  # SCAR §5.4.3 steps 1-2: every key's distance from its saved copy
+            self.send("master", (P.PRIORITY_DISTANCES, self.running_ckpt.measure(self.shards), self.running_ckpt.error))
+        elif tag == P.PRIORITY_SAVE:  # step 4: the coordinator's pick here is this server's count farthest keys
+            saved, held = self.running_ckpt.save_top(msg[1], self.shards, msg[2])
+            self.send("master", (P.PRIORITY_SAVED, saved, held, None))
         elif tag == P.RUNNING_CHECKPOINT:
             self.running_ckpt.seeding = True
         elif tag == P.RESTORE_SHARDS:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from litz.keys import ShardMap
-from litz.scar import select_priority
+from litz.scar import RunningCheckpoint, global_top_counts, load_running_shard, select_priority
 from tests.apps.phases import KEYS
 from tests.helpers import Processes, app_path, status, wait_for
 from tests.test_elasticity import ctl
@@ -21,6 +21,31 @@ def test_select_priority_picks_the_most_changed():
     assert set(select_priority(current, saved, 0.2)) == {7, 2}
     assert select_priority(current, {}, 0.1) == [9]  # never saved: distance is the value's norm
     assert select_priority({}, {}, 0.5) == []
+
+
+def test_the_coordinator_picks_the_global_top_not_each_servers():
+    """Thesis §5.4.3 step 3: the fraction r of *all* parameters with the largest distances. Here every key that
+    moved is on s0: the top quarter is 2 keys of s0 and none of s1 (a per-server top quarter: one each)."""
+    distances = {"s0": np.array([5.0, 4.0, 3.0, 2.0]), "s1": np.array([1.0, 0.5, 0.2, 0.1])}
+    assert global_top_counts(distances, 0.25) == {"s0": 2, "s1": 0}
+    assert global_top_counts(distances, 0.01) == {"s0": 1, "s1": 0}  # at least one key
+    assert global_top_counts(distances, 1.0) == {"s0": 4, "s1": 4}
+    assert global_top_counts({"s0": np.empty(0)}, 0.5) == {"s0": 0}
+
+
+def test_a_server_saves_the_farthest_keys_it_measured_with_their_current_values(tmp_path):
+    ck = RunningCheckpoint()
+    shards = {0: {"a": np.full(4, 3.0), "b": np.full(4, 1.0)}, 1: {"c": np.full(4, 2.0)}}
+    assert ck.measure(shards).tolist() == [6.0, 2.0, 4.0]  # never saved: distance from zero, the starting value
+    shards[0]["a"] = np.full(4, 3.5)  # training goes on between the measure and the coordinator's answer
+    assert ck.save_top(str(tmp_path), shards, 1) == (1, 3)
+    ck.wait()
+    assert list(load_running_shard(str(tmp_path), 0)) == ["a"] and load_running_shard(str(tmp_path), 0)["a"][0] == 3.5
+    assert load_running_shard(str(tmp_path), 1) == {}
+    ck.measure(shards)
+    assert ck.save_top(str(tmp_path), shards, 0) == (0, 3)  # the coordinator picked none of this server's keys
+    ck.wait()
+    assert list(load_running_shard(str(tmp_path), 0)) == ["a"]
 
 
 def phase(name: str) -> str | None:
