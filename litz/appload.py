@@ -42,8 +42,8 @@ def load_executor_class(blob: bytes) -> type:
 
 
 def _restore_filenames(obj: object, files: dict[str, str], seen: set[int]) -> None:
-    """Walk the classes and functions reachable from ``obj`` (methods, and the module globals they use) and
-    give each function of an app module its file name back."""
+    """Walk the classes, functions and app submodules reachable from ``obj`` (methods, and the module globals
+    they use) and give each function of an app module its file name back."""
     if id(obj) in seen:
         return
     seen.add(id(obj))
@@ -59,6 +59,9 @@ def _restore_filenames(obj: object, files: dict[str, str], seen: set[int]) -> No
                 _restore_filenames(value, files, seen)
             for base in obj.__bases__:
                 _restore_filenames(base, files, seen)
+    elif isinstance(obj, types.ModuleType) and obj.__name__ in files:  # ``from . import model`` in the app
+        for value in list(vars(obj).values()):
+            _restore_filenames(value, files, seen)
     elif isinstance(obj, types.FunctionType) and obj.__module__ in files:
         obj.__code__ = _renamed(obj.__code__, files[obj.__module__])
         for value in list(obj.__globals__.values()):

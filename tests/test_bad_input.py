@@ -124,6 +124,8 @@ def test_executor_class_shipped_by_value_keeps_its_file_names(tmp_path):
     assert nested and {cls.run_task.__code__.co_filename, helper.__code__.co_filename,
                        *(c.co_filename for c in nested)} == {str(tmp_path / "named.py")}
     assert cls.run_task(7) == 7
+    package = load_executor_class(load_app("apps.kmeans").executor_blob())  # submodules reached as modules
+    assert package._train.__globals__["model"].batch_delta.__code__.co_filename.endswith("apps/kmeans/model.py")
 
 
 @pytest.mark.timeout(60)
