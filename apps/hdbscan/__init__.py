@@ -34,8 +34,12 @@ everything the previous phases wrote.
 * ``("F",)``: sorted lists, core distances (``min_samples``-th neighbour) published as ``("core", e)``, and
   the recall against exact kNN on a sample (``check_recall=1``).
 * ``("edges", kruskal)``: read all core distances and weight the local kNN edges by mutual reachability.
-  *Kruskal* (when ``N K`` edges fit ``mst_memory``): publish the edges, and executor 0 gathers them, builds the
-  minimum spanning forest and extracts the clusters (``("kruskal", counts)``). *Borůvka* (otherwise, or
+  *Kruskal* (when ``N K`` edges fit ``mst_memory``): every executor runs Kruskal on its own edges and publishes
+  that minimum spanning forest (an edge left out closes a cycle of edges at most as heavy, so it is not needed
+  in the whole graph's forest either: the cycle property). Executor 0 gathers these forests, at most ``N - 1``
+  edges each instead of ``n K``, builds the minimum spanning forest of their union and extracts the clusters
+  (``("kruskal", counts)``). The sorting is spread over the executors; 50 000 x 50: 0.08 s -> 0.01 s of serial
+  work on executor 0. *Borůvka* (otherwise, or
   ``mst=boruvka``): keep them, and return every touched component's lightest outgoing local edge. The
   driver picks the lightest per component, merges, and answers with the relabelling
   (``("boruvka", relabel)``) until no component has an outgoing edge (a forest if the kNN graph is
@@ -207,7 +211,7 @@ class HDBSCANDriver(litz.Driver):
     def _after_edges(self, results: list[dict]) -> None:
         self.edges = sum(r["edges"] for r in results)
         if self.kruskal:
-            self._one(("kruskal", {r["e"]: r["edges"] for r in results if r["edges"]}))
+            self._one(("kruskal", {r["e"]: r["forest_edges"] for r in results if r["forest_edges"]}))
             return
         self.num_comps = self.N
         self.rounds = 0
@@ -339,11 +343,12 @@ class HDBSCANExecutor(litz.Executor):
             dmax_bytes = bits.nbytes
         c = s.max_candidates
         self.new_ci, self.old_ci = np.empty((self.n, c), np.int32), np.empty((self.n, c), np.int32)
-        new_cp, old_cp = np.empty((self.n, c), np.float32), np.empty((self.n, c), np.float32)
+        self.new_cp, self.old_cp = np.empty((self.n, c), np.float32), np.empty((self.n, c), np.float32)
+        self.new_n, self.old_n = np.empty(self.n, np.int32), np.empty(self.n, np.int32)
         rev = np.empty((self.n * s.k, 3), np.int32)
         m = knn.build_candidates(self.ind, self.flag, self.lo, self.n, self.owner, np.float32(s.rho),
-                                 _seed(s.seed, 3, e, t), self.new_ci, new_cp, self.old_ci, old_cp, rev)
-        self.new_cp, self.old_cp = new_cp, old_cp
+                                 _seed(s.seed, 3, e, t), self.new_ci, self.new_cp, self.new_n, self.old_ci,
+                                 self.old_cp, self.old_n, rev)
         rec, rcounts = knn.pack_reverse(rev, m, self.owner, self.starts, self.num_executors)
         before = self.out_r.wire_bytes
         items += self._post(self.out_r, rec, rcounts)
@@ -355,8 +360,8 @@ class HDBSCANExecutor(litz.Executor):
         knn, _ = _kernels()
         s = self.settings
         t0 = time.perf_counter()
-        knn.merge_reverse(self._receive("r", counts), self.new_ci, self.new_cp, self.old_ci, self.old_cp,
-                          self.ind, self.flag)
+        knn.merge_reverse(self._receive("r", counts), self.new_ci, self.new_cp, self.new_n, self.old_ci, self.old_cp,
+                          self.old_n, self.ind, self.flag, self.lo, len(self.X))
         use_filter = s.dmax_filter and self.num_executors > 1
         thresholds = self._gather("dmax") if use_filter else np.zeros(0, np.float32)
         stats = np.zeros(4, np.int64)
@@ -375,7 +380,7 @@ class HDBSCANExecutor(litz.Executor):
         rec, ucounts = knn.pack_updates(buf, m, self.owner, self.starts, self.num_executors, s.k)
         before = self.out_u.wire_bytes
         self.ps_update_many(self._post(self.out_u, rec, ucounts))
-        del self.new_ci, self.old_ci, self.new_cp, self.old_cp
+        del self.new_ci, self.old_ci, self.new_cp, self.old_cp, self.new_n, self.old_n
         return {"t": t, "local_accepted": int(stats[0]), "distances_computed": int(stats[1]),
                 "update_records_generated": int(stats[2]), "update_records_dropped_by_dmax": int(stats[3]),
                 "update_records_sent": int(len(rec)), "update_bytes_sent": self.out_u.wire_bytes - before,
@@ -406,12 +411,13 @@ class HDBSCANExecutor(litz.Executor):
         core_all = self._gather("core")
         u, v, w = knn.knn_edges(self.ind, self.dist, self.core, self.lo, core_all)
         del self.ind, self.dist
-        if kruskal:
-            rec = np.empty((len(u), 3), np.int32)
-            rec[:, 0], rec[:, 1], rec[:, 2] = u, v, w.view(np.int32)
+        if kruskal:  # only this executor's own minimum spanning forest can be in the whole graph's (below)
+            fu, fv, fw = _kernels()[1].kruskal(len(self.X), u, v, w)
+            rec = np.empty((len(fu), 3), np.int32)
+            rec[:, 0], rec[:, 1], rec[:, 2] = fu, fv, fw.view(np.int32)
             if len(rec):
                 self.ps_update(("edges", self.executor_id), rec)
-            return {"edges": len(u)}
+            return {"edges": len(u), "forest_edges": len(fu)}
         self.eu, self.ev, self.ew = u, v, w
         self.comp = np.arange(len(self.X), dtype=np.int32)
         out = self._boruvka_step(len(self.X))
