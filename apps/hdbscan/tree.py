@@ -30,11 +30,18 @@ def _find(parent, x):
 
 
 # ------------------------------------------------------------------------------------------ MST
-@numba.njit(**NOGIL)
-def kruskal(n, u, v, w):
+def kruskal(n: int, u: np.ndarray, v: np.ndarray, w: np.ndarray, stable: bool = True
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Minimum spanning forest of the graph on ``n`` vertices with edges ``(u, v, w)`` (duplicates and both
-    directions allowed). Returns the forest's edges ``(u, v, w)`` sorted by weight."""
-    order = np.argsort(w, kind="mergesort")
+    directions allowed). Returns the forest's edges ``(u, v, w)`` sorted by weight. numpy sorts (its SIMD
+    quicksort is ~6x faster than numba's ``argsort`` on 94 000 float32; ``stable`` keeps equal weights in
+    input order, as before), numba runs the union-find."""
+    order = np.argsort(w, kind="stable" if stable else "quicksort")
+    return _kruskal(n, u, v, w, order)
+
+
+@numba.njit(**NOGIL)
+def _kruskal(n, u, v, w, order):
     parent = np.arange(n)
     size = np.ones(n, np.int64)
     ou = np.empty(max(n - 1, 0), np.int32)
@@ -135,10 +142,10 @@ def boruvka_merge(num_comps, comps, ws, a_s, b_s, comp_of_a, comp_of_b):
 
 # ------------------------------------------------------------------------------------------ hierarchy
 @numba.njit(**NOGIL)
-def single_linkage(n, u, v, w):
-    """scipy-style linkage ``(left, right, distance, size)`` of the forest edges (any order): rows in
-    merge order, node ``n + r`` made by row ``r``. Components left apart are joined at +inf."""
-    order = np.argsort(w, kind="mergesort")
+def single_linkage(n, u, v, w, order):
+    """scipy-style linkage ``(left, right, distance, size)`` of the forest edges (any order; ``order`` sorts
+    them stably by weight): rows in merge order, node ``n + r`` made by row ``r``. Components left apart are
+    joined at +inf."""
     parent = np.arange(2 * n - 1)
     size = np.ones(2 * n - 1, np.int64)
     link = np.empty((max(n - 1, 0), 4), np.float64)
@@ -316,7 +323,8 @@ def extract(n: int, u: np.ndarray, v: np.ndarray, w: np.ndarray, min_cluster_siz
     """HDBSCAN labels (noise = -1) and the number of clusters from a minimum spanning forest."""
     if n == 1:
         return np.full(1, -1, np.int64), 0
-    link = single_linkage(n, u, v, w.astype(np.float64))
+    w = w.astype(np.float64)
+    link = single_linkage(n, u, v, w, np.argsort(w, kind="stable"))
     parent, child, lam, csize, num_clusters = condense(link, min_cluster_size)
     selected, _ = select_eom(parent, child, lam, csize, n, num_clusters, max_cluster_size)
     return label_points(parent, child, n, num_clusters, selected)
