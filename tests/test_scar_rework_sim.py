@@ -38,23 +38,47 @@ def test_threshold_grid_costs_rollbacks_exactly_and_small_perturbations_less_tha
 def test_running_checkpoint_priority_saves_the_rows_that_moved_most(problem):
     traj, _ = problem.trajectory(sr.K0)
     d = problem.d
-    trial = sr.Trial(T=3, partition=np.arange(d).reshape(sr.SERVERS, d // sr.SERVERS), order=np.arange(sr.SERVERS))
+    r = 0.125
+    period = max(1, round(r * sr.C))  # C = 8: every iteration
+    trial = sr.Trial(T=period + 1, partition=np.arange(d).reshape(sr.SERVERS, d // sr.SERVERS),
+                     order=np.arange(sr.SERVERS))
     rng = np.random.default_rng(0)
-    r = 0.125  # period round(r * C) = 2: one save, after iteration 2, of 2 of the 16 rows
+    # one save, after iteration `period`, of 2 of the 16 rows; the rest stay at the starting values W0
     saved = sr.running_checkpoint(traj, trial, r, "priority", rng)
-    moved = np.linalg.norm(traj[2] - traj[0], axis=1)
+    moved = np.linalg.norm(traj[period] - traj[0], axis=1)
     top = set(np.argsort(-moved)[:2].tolist())
     changed = {q for q in range(d) if not np.array_equal(saved[q], traj[0][q])}
     assert changed == top
-    assert all(np.array_equal(saved[q], traj[2][q]) for q in top)
+    assert all(np.array_equal(saved[q], traj[period][q]) for q in top)
     # per server (as Litz's servers pick): one row from each of the 8 servers of 2 rows
     per_server = sr.running_checkpoint(traj, trial, r, "priority-server", rng)
     changed = {q for q in range(d) if not np.array_equal(per_server[q], traj[0][q])}
     assert len(changed) == sr.SERVERS and {q // 2 for q in changed} == set(range(sr.SERVERS))
     # round-robin covers every row once per 1/r saves
-    trial.T = 2 * 8 + 1
+    trial.T = 8 * period + 1
     rr = sr.running_checkpoint(traj, trial, r, "round", rng)
     assert all(not np.array_equal(rr[q], traj[0][q]) for q in range(d))
+
+
+def test_an_iteration_is_one_pass_in_mini_batches(problem):
+    """MNIST's iteration (the thesis' batches of 10,000 of 60,000 images): one pass over the data in a fixed
+    split and order of mini-batch steps, with the loss over all the data before it; a fixed map, so a rollback
+    by 5 iterations costs exactly 5 and the fault-free run reaches every threshold after exactly K0."""
+    mb = sr.Problem("tiny-mb", problem.X, problem.y, lr=0.3, about="tiny", batches=4)
+    assert sorted(np.concatenate(mb.split).tolist()) == list(range(len(problem.X)))  # each row once a pass
+    W = np.zeros((1, mb.d, mb.k), sr.DTYPE)
+    loss, after = mb.iterate(W)
+    by_hand = W.copy()
+    for rows in mb.split:  # a step of 0.3 on the mean loss of each batch, in turn
+        X, y = problem.X[rows], problem.y[rows]
+        P = np.exp(X @ by_hand[0]) / np.exp(X @ by_hand[0]).sum(axis=1, keepdims=True)
+        by_hand = by_hand - 0.3 * (X.T @ (P - np.eye(mb.k)[y]) / len(rows))[None]
+    assert np.allclose(after, by_hand, atol=1e-6) and not np.allclose(after, W - 0.3 * mb.loss_grad(W)[1])
+    assert np.isclose(loss[0], mb.loss_grad(W)[0][0])
+    traj, losses = mb.trajectory(sr.K0)
+    thresholds = sr.threshold_grid(losses)
+    steps = mb.steps_to(np.array([traj[0], traj[sr.K0 - 5]]), thresholds)
+    assert (steps[0] == sr.K0).all() and (steps[1] == 5).all()
 
 
 def test_failure_convention_follows_the_thesis(problem):
