@@ -51,8 +51,8 @@ paired; 95% CIs are normal-approximation for mean rework and paired bootstrap fo
 ``blocks=100``: one key per row of W), ``--checkpoint-dir``, ``--checkpoint-every 1`` (seconds). A fault-free
 run gives the reference loss curve; the target is its loss after epoch ``E0 = 11`` (3 epochs before the end).
 Each round runs three jobs that lose server ``s1`` (16 of the 64 shards, about 1/4 of the keys): full
-recovery (the default), ``--partial-recovery``, and ``--partial-recovery --priority-checkpoint 0.125`` (1/8 of
-each server's keys every 0.125 s into the running checkpoint; no periodic full checkpoints). The kill comes
+recovery (the default), ``--partial-recovery``, and ``--partial-recovery --priority-checkpoint 0.125`` (the top 1/8
+of all keys every 0.125 s into the running checkpoint; no periodic full checkpoints). The kill comes
 once epoch 3 has been reported and the newest full checkpoint is ``D`` s old (priority: once the job has run
 ``1 + D`` s), with ``D`` = 1/6, 1/2, 5/6 s in the three rounds (stratified over the interval; quick: 1/2).
 The server is SIGKILLed by pid (from ``litzctl status --json``), as ``litzctl kill`` does, because a
