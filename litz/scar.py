@@ -125,7 +125,7 @@ class RunningCheckpoint:
         try:
             for shard, table in snapshot.items():
                 rel = shard_part(shard)
-                tmp_rel = rel + ".tmp"
+                tmp_rel = f"{rel}.{os.getpid()}.tmp"  # a shard's old and new owner may both write it during a move
                 meta = write_part(os.path.join(root, RUNNING), tmp_rel, table)
                 os.replace(os.path.join(root, RUNNING, tmp_rel), os.path.join(root, RUNNING, rel))
                 self.meta[shard] = meta
