@@ -221,6 +221,73 @@ def test_litz_run_same_seed_same_objective_for_any_worker_count() -> None:
     assert other_seed != objectives[0]
 
 
+class PeakWorkerRSS:
+    """Polls the kernel's peak-RSS mark (VmHWM, so no peak between polls is missed) of this process's
+    ``litz worker`` children while a job runs; keeps the last value read for each worker pid."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.peaks: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        import psutil
+
+        while not self._stop.is_set():
+            for p in psutil.Process().children(recursive=True):
+                try:
+                    if "worker" in p.cmdline():
+                        with open(f"/proc/{p.pid}/status") as f:
+                            hwm = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmHWM"))
+                        self.peaks[p.pid] = max(self.peaks.get(p.pid, 0), hwm)
+                except (psutil.Error, OSError, StopIteration):
+                    pass
+            self._stop.wait(0.01)
+
+    def __enter__(self) -> PeakWorkerRSS:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.mark.timeout(120)
+def test_litz_run_with_a_quarter_of_the_data_in_memory(tmp_path, monkeypatch) -> None:
+    """Issue 7: a per-worker budget of a quarter of its executors' data. Same objective as the unlimited run
+    (same seed), evictions happened, every worker's executor state stayed within the budget, and its peak
+    resident memory stayed under the budget plus the overhead the unlimited run had beside its data."""
+    monkeypatch.setenv("LITZ_SPILL_DIR", str(tmp_path))
+    config = {"synthetic": 1, "n": 800_000, "d": 32, "k": 16, "epochs": 2, "batch": 200_000, "seed": 3}
+    executors, workers = 16, 2
+    state = config["n"] * (4 * config["d"] + 4) // workers  # X (float32) and the batch index, per worker
+    budget = state // 4
+    with PeakWorkerRSS() as unlimited_rss:
+        unlimited = litz.run("apps.kmeans", workers=workers, servers=1, executors=executors, config=config)
+    out = tmp_path / "out.json"
+    with PeakWorkerRSS() as limited_rss:
+        limited = litz.run("apps.kmeans", workers=workers, servers=1, executors=executors, config=config,
+                           memory_limit=budget, output=str(out))
+    assert rel(limited["objective"], unlimited["objective"]) <= 1e-7, (limited, unlimited)
+    events = [e for e in json.loads(out.read_text())["events"] if e["kind"] in ("evict", "load")]
+    assert sum(e["kind"] == "evict" for e in events) >= executors // 2
+    per_executor = state // (executors // workers)
+    for worker in {e["worker"] for e in events}:  # replay: resident executors after each eviction or load
+        resident, peak = executors // workers, 0
+        for e in (e for e in events if e["worker"] == worker):
+            resident += 1 if e["kind"] == "load" else -1
+            peak = max(peak, resident) if e["kind"] == "load" else peak
+        assert peak * per_executor <= budget + per_executor // 8, (worker, peak)
+    assert len(unlimited_rss.peaks) == len(limited_rss.peaks) == workers
+    overhead = min(unlimited_rss.peaks.values()) - state  # what a worker holds beside its executors' data
+    # 16 MiB for a task's temporaries and a load's buffer; without the budget the peak is 3/4 of 53 MB higher
+    assert max(limited_rss.peaks.values()) <= overhead + budget + (16 << 20), (
+        limited_rss.peaks, unlimited_rss.peaks, budget)
+
+
 @pytest.mark.timeout(60)
 def test_litz_run_writes_centroids_and_reports(tmp_path) -> None:
     out, metrics = tmp_path / "centroids.npy", tmp_path / "metrics.jsonl"
