@@ -429,7 +429,7 @@ class HDBSCANExecutor(litz.Executor):
         u, v, w = knn.knn_edges(self.ind, self.dist, self.core, self.lo, core_all)
         del self.ind, self.dist
         if kruskal:  # only this executor's own minimum spanning forest can be in the whole graph's (below)
-            fu, fv, fw = _kernels()[1].kruskal(len(self.X), u, v, w, stable=False)
+            fu, fv, fw = _kernels()[1].kruskal(len(self.X), u, v, w)
             rec = np.empty((len(fu), 3), np.int32)
             rec[:, 0], rec[:, 1], rec[:, 2] = fu, fv, fw.view(np.int32)
             if len(rec):

@@ -30,14 +30,24 @@ def _find(parent, x):
 
 
 # ------------------------------------------------------------------------------------------ MST
-def kruskal(n: int, u: np.ndarray, v: np.ndarray, w: np.ndarray, stable: bool = True
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def stable_order(w: np.ndarray) -> np.ndarray:
+    """``np.argsort(w, kind="stable")``, faster for non-negative float32 weights: their bits sort like the
+    values, so one SIMD sort of the 64-bit keys ``bits << 32 | position`` gives the same order (94 000 edges:
+    1.5 ms against numpy's 6 ms timsort and numba's 8 ms mergesort). Equal weights must stay in input order:
+    mutual-reachability weights tie often (every neighbour nearer than a point's core distance weighs that
+    core distance), and the tie order picks the tree among equal ones, which moves FM against the exact
+    ``hdbscan`` by up to 0.003 (Table 4.2, d = 7)."""
+    if w.dtype == np.float32 and len(w) < (1 << 32) and (w.view(np.int32) >= 0).all():  # no -0.0, no NaN sign
+        key = (w.view(np.uint32).astype(np.uint64) << np.uint64(32)) | np.arange(len(w), dtype=np.uint64)
+        return (np.sort(key) & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    return np.argsort(w, kind="stable")
+
+
+def kruskal(n: int, u: np.ndarray, v: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Minimum spanning forest of the graph on ``n`` vertices with edges ``(u, v, w)`` (duplicates and both
-    directions allowed). Returns the forest's edges ``(u, v, w)`` sorted by weight. numpy sorts (its SIMD
-    quicksort is ~6x faster than numba's ``argsort`` on 94 000 float32; ``stable`` keeps equal weights in
-    input order, as before), numba runs the union-find."""
-    order = np.argsort(w, kind="stable" if stable else "quicksort")
-    return _kruskal(n, u, v, w, order)
+    directions allowed). Returns the forest's edges ``(u, v, w)`` sorted stably by weight. numpy sorts
+    (:func:`stable_order`), numba runs the union-find."""
+    return _kruskal(n, u, v, w, stable_order(w))
 
 
 @numba.njit(**NOGIL)
