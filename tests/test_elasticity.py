@@ -43,12 +43,20 @@ def test_scale_out_then_in_during_a_job(tmp_path):
         assert res.returncode == 0, res.stderr
         assert "starting 2 worker(s)" in res.stdout and "starting 2 server(s)" in res.stdout
 
+        seen = {}
+
         def balanced():
-            st = status(name)
+            st = seen["last"] = status(name)
             return st and (sorted(len(w["executors"]) for w in st["workers"]) == [4, 4, 4, 4]
                            and sorted(len(s["shards"]) for s in st["servers"]) == [21, 21, 22]) and st
 
-        st = wait_for(balanced, 30, "16 executors spread 4/4/4/4 and 64 shards 21/21/22")
+        try:
+            st = wait_for(balanced, 30, "16 executors spread 4/4/4/4 and 64 shards 21/21/22")
+        except AssertionError as exc:  # say where it got stuck
+            last = seen.get("last") or {}
+            workers = [(w["id"], w["executors"]) for w in last.get("workers", [])]
+            servers = [(s["id"], len(s["shards"])) for s in last.get("servers", [])]
+            raise AssertionError(f"{exc}; last status: workers {workers}, servers {servers}") from None
         assert all(w["pid"] and w["id"] for w in st["workers"])
         res = ctl(name, "drain", "w0", "s0")  # waits until both have exited
         assert res.returncode == 0 and "released w0, s0" in res.stdout, res.stderr
