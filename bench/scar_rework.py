@@ -52,9 +52,9 @@ paired; 95% CIs are normal-approximation for mean rework and paired bootstrap fo
 run gives the reference loss curve; the target is its loss after epoch ``E0 = 11`` (3 epochs before the end).
 Each round runs three jobs that lose server ``s1`` (16 of the 64 shards, about 1/4 of the keys): full
 recovery (the default), ``--partial-recovery``, and ``--partial-recovery --priority-checkpoint 0.125`` (the top 1/8
-of all keys every 0.125 s into the running checkpoint; no periodic full checkpoints). The kill comes
-once epoch 3 has been reported and the newest full checkpoint is ``D`` s old (priority: once the job has run
-``1 + D`` s), with ``D`` = 1/6, 1/2, 5/6 s in the three rounds (stratified over the interval; quick: 1/2).
+of all keys every 0.125 s into the running checkpoint, beside the full checkpoints every second). The kill
+comes once epoch 3 has been reported and the newest full checkpoint is ``D`` s old, with ``D`` = 1/6, 1/2,
+5/6 s in the three rounds (stratified over the interval; quick: 1/2).
 The server is SIGKILLed by pid (from ``litzctl status --json``), as ``litzctl kill`` does, because a
 ``litzctl kill`` started at that moment lands 1-2 s later on this machine.
 Rework in epochs = the epoch at which the per-epoch loss (``--metrics``: running loss, measured before each
@@ -502,8 +502,7 @@ def latest_checkpoint(root: str) -> str | None:
 
 def run_job(tmp: str, name: str, config: dict, extra: list[str], blas: str, kill_delay: float | None = None) -> dict:
     """One job; with ``kill_delay``, server VICTIM is killed once epoch KILL_EPOCH has been reported and the newest
-    full checkpoint is ``kill_delay`` s old (with priority checkpoints, which take no periodic full ones: once
-    the job has run ``CKPT_S + kill_delay`` s, when the first full checkpoint would be that old)."""
+    full checkpoint is ``kill_delay`` s old."""
     ckdir = os.path.join(tmp, f"{name}-ckpt")
     flags = ["--checkpoint-dir", ckdir, "--checkpoint-every", str(CKPT_S), *extra]
     job = _jobs.Job(tmp, name, workers=JOB_WORKERS, servers=JOB_SERVERS, executors=JOB_EXECUTORS,
@@ -517,7 +516,6 @@ def run_job(tmp: str, name: str, config: dict, extra: list[str], blas: str, kill
                                  timeout=120, every=0.1)
             pid = next(p["pid"] for p in st["servers"] if p["id"] == VICTIM)
             deadline = time.time() + 300
-            running = "--priority-checkpoint" in extra
             newest, seen = None, time.time()
             while True:
                 now = time.time()
@@ -525,11 +523,8 @@ def run_job(tmp: str, name: str, config: dict, extra: list[str], blas: str, kill
                 if latest != newest:
                     newest, seen = latest, now
                 rows = [r for r in job.reports() if "epoch" in r]
-                if rows and rows[-1]["epoch"] >= KILL_EPOCH:
-                    if running and rows[-1]["t"] + (now - rows[-1]["time"]) >= CKPT_S + kill_delay:
-                        break
-                    if not running and newest is not None and now - seen >= kill_delay:
-                        break
+                if rows and rows[-1]["epoch"] >= KILL_EPOCH and newest is not None and now - seen >= kill_delay:
+                    break
                 if not job.running() or time.time() > deadline:
                     raise RuntimeError(f"job {name} ended or stalled before epoch {KILL_EPOCH}; log tail:\n"
                                        f"{job.log_tail()}")

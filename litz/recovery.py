@@ -49,9 +49,9 @@ class Recovery:
             raise LitzError("--partial-recovery and --priority-checkpoint need --checkpoint-dir")
         if priority is not None and not (0 < priority <= 1 and every):
             raise LitzError("--priority-checkpoint R needs 0 < R <= 1 and --checkpoint-every (saved every R x it)")
-        # with priority checkpoints, parameters go to the running checkpoint every R x period and full
-        # checkpoints (for lost workers) are taken only when asked (litzctl checkpoint)
-        self.next_due = time.time() + every if every and not priority else None
+        # full checkpoints keep their period with priority checkpoints too: a lost worker (its executors) needs
+        # one; the running checkpoint gets the top R of the parameters every R x period in between
+        self.next_due = time.time() + every if every else None
         self.next_priority = time.time() + every * priority if priority else None
         self.priority_round: dict | None = None
         self.requested = False

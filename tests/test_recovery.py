@@ -26,13 +26,16 @@ def events_of(path) -> list[dict]:
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("victims", [["w0"], ["s0"], ["w1", "s0"]])
-def test_kill_9_at_a_random_point_recovers_exactly(tmp_path, victims):
-    name, out = f"recover-{'-'.join(victims)}", tmp_path / "out.json"
+@pytest.mark.parametrize("victims,scar", [(["w0"], []), (["s0"], []), (["w1", "s0"], []),
+                                          (["w0"], ["--partial-recovery", "--priority-checkpoint", "0.25"])],
+                         ids=["w0", "s0", "w1-s0", "w0-with-scar"])
+def test_kill_9_at_a_random_point_recovers_exactly(tmp_path, victims, scar):
+    """With SCAR's priority checkpoints on, a lost worker still has a full checkpoint to recover from."""
+    name, out = f"recover-{'-'.join(victims)}{'-scar' if scar else ''}", tmp_path / "out.json"
     rng = random.Random(hash(tuple(victims)))
     with Processes() as procs:
         job = procs.start(job_args(name, str(tmp_path / "ckpt"), "--checkpoint-every", "0.3",
-                                   "--output", str(out)))
+                                   "--output", str(out), *scar))
         wait_for(lambda: (s := status(name)) and s["checkpoints"] >= 1, 30, "a first checkpoint")
         time.sleep(rng.uniform(0.0, 1.0))
         for victim in victims:
