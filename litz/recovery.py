@@ -149,7 +149,7 @@ class Recovery:
         m = self.master
         servers = [i for i, s in m.servers.items() if s.state == "active"]
         if not servers:
-            self.next_priority = time.time() + self.every * self.priority
+            self.schedule_priority()
             return
         self.priority_round = {"t0": time.time(), "phase": "measure", "waiting": set(servers), "distances": {},
                                "saved": 0, "held": 0}
@@ -183,14 +183,18 @@ class Recovery:
             self.master.joblog.event("priority_checkpoint", fraction=self.priority, keys_saved=r["saved"],
                                      keys=r["held"], duration_s=round(time.time() - r["t0"], 4))
             self.priority_round = None
-            self.next_priority = time.time() + self.every * self.priority
+            self.schedule_priority()
+
+    def schedule_priority(self) -> None:
+        """The next priority round is due R x the checkpoint period from now."""
+        self.next_priority = time.time() + self.every * self.priority
 
     def restart_priority_rounds(self) -> None:
         """A recovery drops the round under way: a lost server never answers it, and the epoch it starts drops
         the survivors' answers. Left waiting, that round stopped every later one for the rest of the job."""
         if self.priority is not None:
             self.priority_round = None
-            self.next_priority = time.time() + self.every * self.priority
+            self.schedule_priority()
 
     def failed(self, reason: str) -> None:
         warn(f"checkpoint failed, the previous one stays in use: {reason}")

@@ -32,17 +32,25 @@ def distance(current: Any, saved: Any) -> float:
     return float(np.linalg.norm(np.asarray(current, dtype=np.float64) - np.asarray(saved, dtype=np.float64)))
 
 
+def top_count(fraction: float, n: int) -> int:
+    """How many of ``n`` keys a round saves: the ``fraction`` of them, at least one if there are any."""
+    return max(1, int(round(fraction * n))) if n else 0
+
+
+def farthest(dist: np.ndarray, count: int) -> np.ndarray:
+    """Indices of the ``count`` largest distances (all of them if ``count`` covers every one), in no order."""
+    if count <= 0:
+        return np.empty(0, dtype=np.intp)
+    if count >= len(dist):
+        return np.arange(len(dist))
+    return np.argpartition(-dist, count - 1)[:count]
+
+
 def select_priority(current: dict[Hashable, Any], saved: dict[Hashable, Any], fraction: float) -> list[Hashable]:
     """The ``fraction`` of keys (at least one, if any) that changed most since they were last saved."""
-    if not current:
-        return []
     keys = list(current)
     dist = np.fromiter((distance(current[k], saved.get(k)) for k in keys), dtype=np.float64, count=len(keys))
-    count = max(1, int(round(fraction * len(keys))))
-    if count >= len(keys):
-        return keys
-    top = np.argpartition(-dist, count - 1)[:count]
-    return [keys[i] for i in top]
+    return [keys[i] for i in farthest(dist, top_count(fraction, len(keys)))]
 
 
 def global_top_counts(distances: dict[str, np.ndarray], fraction: float) -> dict[str, int]:
@@ -50,15 +58,15 @@ def global_top_counts(distances: dict[str, np.ndarray], fraction: float) -> dict
     from their saved copies: the coordinator's top-k over every server's distances (thesis §5.4.3, step 3)."""
     names = list(distances)
     sizes = [len(distances[n]) for n in names]
-    total = sum(sizes)
-    if total == 0:
-        return {n: 0 for n in names}
-    count = max(1, int(round(fraction * total)))
-    every = np.concatenate([np.asarray(distances[n], dtype=np.float64) for n in names])
+    every = np.concatenate([np.asarray(distances[n], dtype=np.float64) for n in names] or [np.empty(0)])
     owner = np.repeat(np.arange(len(names)), sizes)
-    top = np.arange(total) if count >= total else np.argpartition(-every, count - 1)[:count]
-    per = np.bincount(owner[top], minlength=len(names))
+    per = np.bincount(owner[farthest(every, top_count(fraction, len(every)))], minlength=len(names))
     return {n: int(c) for n, c in zip(names, per, strict=True)}
+
+
+def _copy(value: Any) -> Any:
+    """A saved copy that later in-place updates of the live value do not change."""
+    return np.array(value) if isinstance(value, np.ndarray) else value
 
 
 class RunningCheckpoint:
@@ -77,7 +85,7 @@ class RunningCheckpoint:
         """A key was just created here with ``value``: its starting value, unless a saved one is held."""
         table = self.saved.setdefault(shard, {})
         if key not in table:
-            table[key] = np.array(value) if isinstance(value, np.ndarray) else value
+            table[key] = _copy(value)
             self.dirty.add(shard)
 
     def drop(self, shard: int) -> None:
@@ -101,17 +109,15 @@ class RunningCheckpoint:
         their current values; write the touched shard files in the background. Returns (saved, measured)."""
         refs, dist = self.pending or ([], np.empty(0))
         self.pending = None
-        count = min(count, len(refs))
-        top = [] if count <= 0 else range(count) if count >= len(refs) else np.argpartition(-dist, count - 1)[:count]
         touched, self.dirty = self.dirty, set()
         saved = 0
-        for i in top:
+        for i in farthest(dist, count):
             s, k = refs[i]
             table = shards.get(s)  # None: it moved away since measure()
             if table is None or k not in table:
                 continue
             v = table[k]
-            self.saved.setdefault(s, {})[k] = np.array(v) if isinstance(v, np.ndarray) else v
+            self.saved.setdefault(s, {})[k] = _copy(v)
             touched.add(s)
             saved += 1
         snapshot = {s: dict(self.saved[s]) for s in touched if s in self.saved}
