@@ -231,7 +231,7 @@ class Worker(Process):
                 nbytes, seconds = res.evict(eid, self.executors[eid])
             except (OSError, LitzError) as exc:  # disk full or not writable: keep it in memory, nothing lost
                 if not self._spill_retry_at:  # one line and one event per episode, not one per attempt
-                    self.send("master", (P.MEMORY_EVENT, "evict_failed", eid, 0, 0.0))
+                    self.memory_event("evict_failed", eid, 0, 0.0)
                     sys.stderr.write(f"litz: worker {self.ident}: cannot spill executor {eid} ({exc}); "
                                      "running over the memory budget, retrying every second\n")
                 self._spill_retry_at = time.monotonic() + 1.0
