@@ -13,6 +13,13 @@ from tests.helpers import Processes, app_path, status, wait_for
 from tests.test_elasticity import ctl
 
 
+def scar_job(app: str, name: str, tmp_path, *extra: str) -> list[str]:
+    """A partial-recovery job of a test app on 2 servers and 4 executors, its events in tmp_path/out.json."""
+    return ["litz", "run", app_path(app), "--name", name, "--servers", "2", "--executors", "4", "--checkpoint-dir",
+            str(tmp_path / "ckpt"), "--partial-recovery", "--output", str(tmp_path / "out.json"), "--no-progress",
+            *extra]
+
+
 def test_select_priority_picks_the_most_changed():
     current = {i: np.full(3, float(i)) for i in range(10)}
     saved = {i: np.full(3, float(i)) for i in range(10)}
@@ -66,9 +73,7 @@ def lost_keys(st: dict, server: str, keys: list = KEYS) -> set[str]:
 def test_partial_recovery_restores_exactly_the_lost_keys(tmp_path):
     name, out = "scar-partial", tmp_path / "out.json"
     with Processes() as procs:
-        job = procs.start(["litz", "run", app_path("phases"), "--name", name, "--servers", "2", "--executors", "4",
-                           "--checkpoint-dir", str(tmp_path / "ckpt"), "--partial-recovery", "--output", str(out),
-                           "--no-progress"])
+        job = procs.start(scar_job("phases", name, tmp_path))
         wait_for(lambda: phase(name) == "idle1", 30, "the first quiet phase")
         assert ctl(name, "checkpoint").returncode == 0  # holds every key at 1
         wait_for(lambda: (s := status(name)) and s["checkpoints"] == 1, 20, "the checkpoint")
@@ -91,10 +96,8 @@ def test_partial_recovery_restores_exactly_the_lost_keys(tmp_path):
 def test_priority_checkpoints_feed_partial_recovery(tmp_path):
     name, out = "scar-priority", tmp_path / "out.json"
     with Processes() as procs:
-        job = procs.start(["litz", "run", app_path("phases"), "--name", name, "--servers", "2", "--executors", "4",
-                           "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "0.8",
-                           "--priority-checkpoint", "0.25", "--partial-recovery", "--output", str(out),
-                           "--no-progress"])
+        job = procs.start(scar_job("phases", name, tmp_path, "--checkpoint-every", "0.8",
+                                   "--priority-checkpoint", "0.25"))
         wait_for(lambda: phase(name) == "idle3", 30, "the second quiet phase")
         # a round every 0.2 s saves a quarter of each server's keys, most-changed first: within 8 rounds of
         # the quiet phase every key holds its final value 11 in the running checkpoint
@@ -121,10 +124,8 @@ def test_running_checkpoint_starts_from_the_values_an_app_writes_first(tmp_path)
 
     name, out = "scar-starting", tmp_path / "out.json"
     with Processes() as procs:
-        job = procs.start(["litz", "run", app_path("starting"), "--name", name, "--servers", "2", "--executors", "4",
-                           "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "5",
-                           "--priority-checkpoint", "0.02", "--partial-recovery", "--output", str(out),
-                           "--config", "drift_s=6", "--no-progress"])
+        job = procs.start(scar_job("starting", name, tmp_path, "--checkpoint-every", "5",
+                                   "--priority-checkpoint", "0.02", "--config", "drift_s=6"))
         st = wait_for(lambda: phase(name) == "drift" and status(name), 30, "the drift phase")
         lost = lost_keys(st, "s1", COLD)
         assert lost  # some cold keys live on s1
@@ -148,10 +149,8 @@ def test_priority_rounds_go_on_after_a_recovery(tmp_path):
     answer: that round used to wait for ever, and no round followed for the rest of the job."""
     name, out = "scar-rounds", tmp_path / "out.json"
     with Processes() as procs:
-        job = procs.start(["litz", "run", app_path("phases"), "--name", name, "--servers", "2", "--executors", "4",
-                           "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "0.01",
-                           "--priority-checkpoint", "0.1", "--partial-recovery", "--output", str(out),
-                           "--config", "idle2=60", "--no-progress"])
+        job = procs.start(scar_job("phases", name, tmp_path, "--checkpoint-every", "0.01",
+                                   "--priority-checkpoint", "0.1", "--config", "idle2=60"))
         wait_for(lambda: phase(name) == "idle3", 30, "the second quiet phase")
         time.sleep(0.5)
         assert ctl(name, "kill", "s1").returncode == 0
