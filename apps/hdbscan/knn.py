@@ -210,34 +210,11 @@ def random_fill(X, metric, shift, lo, n, ind, dist, flag, seed):
 
 # ------------------------------------------------------------------------------------------ iterations
 @numba.njit(**NOGIL)
-def cand_heapify(cind, cpri, i):
-    """Make the full row ``i`` a max-heap on priority (Floyd). A plain function, called once per full row:
-    numba adds reference counting to every call of a helper that takes arrays (about 15 ns, inlined or
-    not), so the per-entry paths below write their code out instead of calling helpers."""
+def cand_sift_down(cind, cpri, i, pos, p, j):
+    """In row ``i`` (a max-heap on priority below ``pos``), put ``(p, j)`` at ``pos`` and sift it down. Called
+    directly per entry, never through another helper: numba adds reference counting to every call of a
+    helper that takes arrays (about 15 ns, inlined or not)."""
     c = cind.shape[1]
-    for top in range(c // 2 - 1, -1, -1):
-        j, p = cind[i, top], cpri[i, top]
-        pos = top
-        while True:
-            left = 2 * pos + 1
-            if left >= c:
-                break
-            right = left + 1
-            ch = left if (right >= c or cpri[i, left] >= cpri[i, right]) else right
-            if cpri[i, ch] > p:
-                cind[i, pos], cpri[i, pos] = cind[i, ch], cpri[i, ch]
-                pos = ch
-            else:
-                break
-        cind[i, pos], cpri[i, pos] = j, p
-
-
-@numba.njit(**NOGIL)
-def cand_replace_max(cind, cpri, i, p, j):
-    """In the full row ``i`` (a max-heap), put ``(p, j)`` in place of the maximum (the caller checked that
-    ``p`` is lower)."""
-    c = cind.shape[1]
-    pos = 0
     while True:
         left = 2 * pos + 1
         if left >= c:
@@ -250,6 +227,13 @@ def cand_replace_max(cind, cpri, i, p, j):
         else:
             break
     cind[i, pos], cpri[i, pos] = j, p
+
+
+@numba.njit(**NOGIL)
+def cand_heapify(cind, cpri, i):
+    """Make the full row ``i`` a max-heap on priority (Floyd); once per full row."""
+    for top in range(cind.shape[1] // 2 - 1, -1, -1):
+        cand_sift_down(cind, cpri, i, top, cpri[i, top], cind[i, top])
 
 
 @numba.njit(**NOGIL)
@@ -333,7 +317,7 @@ def build_candidates(ind, flag, lo, n, owner, rho, seed, new_ci, new_cp, new_n, 
                     if nn == c:
                         cand_heapify(new_ci, new_cp, i)
                 elif p < new_cp[i, 0]:
-                    cand_replace_max(new_ci, new_cp, i, p, j)
+                    cand_sift_down(new_ci, new_cp, i, 0, p, j)
             else:
                 if no < c:
                     old_ci[i, no], old_cp[i, no] = j, p
@@ -341,7 +325,7 @@ def build_candidates(ind, flag, lo, n, owner, rho, seed, new_ci, new_cp, new_n, 
                     if no == c:
                         cand_heapify(old_ci, old_cp, i)
                 elif p < old_cp[i, 0]:
-                    cand_replace_max(old_ci, old_cp, i, p, j)
+                    cand_sift_down(old_ci, old_cp, i, 0, p, j)
         new_n[i], old_n[i] = nn, no
     return m
 
@@ -379,7 +363,7 @@ def merge_reverse(rec, new_ci, new_cp, new_n, old_ci, old_cp, old_n, ind, flag, 
             else:
                 old_n[i] = size
         elif p < cpri[i, 0]:
-            cand_replace_max(cind, cpri, i, p, j)
+            cand_sift_down(cind, cpri, i, 0, p, j)
     n, k = ind.shape
     stamp = np.full(total, -1, np.int32)
     for i in range(n):
