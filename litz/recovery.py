@@ -156,13 +156,20 @@ class Recovery:
         for ident in servers:
             m.send(ident, (P.PRIORITY_CHECKPOINT, self.store.root, self.priority))
 
-    def on_priority_distances(self, sender: str, distances: Any, error: str | None) -> None:
+    def _round_answer(self, sender: str, phase: str, error: str | None) -> dict | None:
+        """The round under way if ``sender``'s answer belongs to its ``phase`` (now counted), else None."""
         r = self.priority_round
-        if r is None or r["phase"] != "measure" or sender not in r["waiting"]:
-            return
+        if r is None or r["phase"] != phase or sender not in r["waiting"]:
+            return None
         if error:
             warn(error)
         r["waiting"].discard(sender)
+        return r
+
+    def on_priority_distances(self, sender: str, distances: Any, error: str | None) -> None:
+        r = self._round_answer(sender, "measure", error)
+        if r is None:
+            return
         r["distances"][sender] = distances
         if not r["waiting"]:
             counts = global_top_counts(r.pop("distances"), self.priority)
@@ -171,12 +178,9 @@ class Recovery:
                 self.master.send(ident, (P.PRIORITY_SAVE, self.store.root, count))
 
     def on_priority_saved(self, sender: str, saved: int, held: int, error: str | None) -> None:
-        r = self.priority_round
-        if r is None or r["phase"] != "save" or sender not in r["waiting"]:
+        r = self._round_answer(sender, "save", error)
+        if r is None:
             return
-        if error:
-            warn(error)
-        r["waiting"].discard(sender)
         r["saved"] += saved
         r["held"] += held
         if not r["waiting"]:
