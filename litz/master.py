@@ -61,6 +61,7 @@ class Member:
         self.ident, self.role, self.info = ident, role, info
         Member._joins += 1
         self.joined = Member._joins
+        self.id_taken = float(info.get("id_taken") or 0.0)  # when its process took its id: the start order
         self.state = "active"  # active | draining
         self.ready = False  # worker: has the app and created its initial executors
         self.retire_sent = False
@@ -406,7 +407,8 @@ class Master(Process):
     def on_hello(self, ident: str, role: str, info: dict) -> None:
         self.endpoint.connect(ident, info["address"])
         members = self.workers if role == "worker" else self.servers
-        members[ident] = Member(ident, role, {**(self.membership.member(ident) or {}), **info})
+        members[ident] = Member(ident, role, {**(self.membership.member(ident) or {}), **info,
+                                              "id_taken": self.membership.get(f"ids/{ident}")})
         pid = members[ident].info.get("pid")
         self.spawning = [s for s in self.spawning if getattr(s[1], "pid", None) != pid]
         if not self.executor_owner:
@@ -702,7 +704,9 @@ class Master(Process):
                     said.append(f"waiting for {more} more {role}(s) to join: start `litz {role} --etcd ... "
                                 f"--name {self.membership.job}` on the new machines")
             elif target < len(active):
-                leaving = [m.ident for m in sorted(active, key=lambda m: m.joined)[target:]]  # newest leave first
+                # the newest leave first; by start order, as processes started together may join in any order
+                newest_last = sorted(active, key=lambda m: (m.id_taken, m.joined))
+                leaving = [m.ident for m in newest_last[target:]]
                 said.append(self.drain(leaving))
             else:
                 said.append(f"already {target} {role}(s)")
