@@ -143,7 +143,9 @@ class Master(Process):
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def register(self) -> None:
-        info = {"address": self.endpoint.address, "app": self.app.name}
+        info = {"address": self.endpoint.address, "app": self.app.name,
+                # servers read this as they start, so they keep every key's first value from the first update
+                "running_checkpoint": self.recovery.priority is not None}
         if self.wake is not None:
             info["wake"] = [self.wake_host, self.wake.getsockname()[1]]
         self.membership.register_master(info)
@@ -263,7 +265,6 @@ class Master(Process):
         self.executor_owner = [workers[e * w // n] for e in range(n)]  # contiguous, balanced blocks
         for s in servers:
             self.send(s, self.map_message())
-            self.recovery.announce(s)
         self._blob = self.app.executor_blob()
         for ident in workers:
             self.join_worker(ident, [e for e in range(n) if self.executor_owner[e] == ident] if create else [])
@@ -418,7 +419,6 @@ class Master(Process):
         else:
             self.last_owned[ident] = self.map_version
             self.send(ident, self.map_message())
-            self.recovery.announce(ident)
             if not self.recovery.paused:
                 self.rebalance("scale_out", [ident])
 

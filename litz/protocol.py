@@ -48,7 +48,6 @@ DRAIN_REFUSED = "drain_refused"          # master -> worker/server: (DRAIN_REFUS
 PRIORITY_CHECKPOINT = "priority_checkpoint"  # master -> server: (PRIORITY_CHECKPOINT, root, fraction) measure
 PRIORITY_DISTANCES = "priority_distances"    # server -> master: (PRIORITY_DISTANCES, distances, error)
 PRIORITY_SAVE = "priority_save"              # master -> server: (PRIORITY_SAVE, root, count) save your count farthest
-RUNNING_CHECKPOINT = "running_checkpoint"    # master -> server: (RUNNING_CHECKPOINT,) keep new keys' first values
 PRIORITY_SAVED = "priority_saved"            # server -> master: (PRIORITY_SAVED, keys_saved, keys_held, error)
 RESTORE_SHARDS = "restore_shards"            # master -> live server: (RESTORE_SHARDS, source, root, {shard: meta})
 RESET_TASKS = "reset_tasks"                  # master -> worker: (RESET_TASKS, shard_map_message) keep executors

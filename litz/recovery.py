@@ -136,12 +136,6 @@ class Recovery:
                        bytes=sum(p["bytes"] for p in parts.values()), tasks_completed=m.tasks_completed)
         self.resume()
 
-    def announce(self, server: str) -> None:
-        """With priority checkpoints, a server keeps every key's first value as the running checkpoint's
-        starting value (thesis §5.4.2: it is "initialized to the initial parameter values")."""
-        if self.priority is not None:
-            self.master.send(server, (P.RUNNING_CHECKPOINT,))
-
     def priority_checkpoint(self) -> None:
         """SCAR: save the fraction R of all keys that changed most; training does not pause. As the thesis'
         checkpoint coordinator (§5.4.3): every server sends the distances of its keys from their saved copies,

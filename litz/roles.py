@@ -44,7 +44,7 @@ def serve(role: str, name: str, *, etcd: str | None = None, home: str | None = N
 
     tune_malloc()
     membership = Membership(connect_kv(etcd, home), name)
-    membership.wait_master(start_timeout)
+    master = membership.wait_master(start_timeout)
     secret = job_secret(membership, secret_file)
     if ident:
         if membership.member(ident) is not None:
@@ -53,8 +53,13 @@ def serve(role: str, name: str, *, etcd: str | None = None, home: str | None = N
     ident = ident or membership.allocate_id(role)
     cls = Worker if role == "worker" else Server
     proc = cls(ident, membership, secret, host=host, bind_host=bind_host, port=port)
-    if memory_limit is not None and role == "server":
-        proc.shards.budget = memory_limit
+    if role == "server":
+        if memory_limit is not None:
+            proc.shards.budget = memory_limit
+        # SCAR's running checkpoint starts as the initial values (§5.4.2): with priority checkpoints, keep each
+        # key's first value. Read from the registry before this server can receive any update, so no
+        # message ordering between the master and the workers is assumed.
+        proc.running_ckpt.seeding = bool(master.get("running_checkpoint"))
     # SIGTERM (docker stop, Kubernetes without a preStop hook, Slurm preemption): leave gracefully
     signal.signal(signal.SIGTERM, lambda *_: proc.request_drain())
     membership.register(role, ident, {"address": proc.endpoint.address})

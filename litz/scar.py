@@ -76,7 +76,7 @@ class RunningCheckpoint:
         self.saved: dict[int, dict[Hashable, Any]] = {}  # shard -> key -> saved value
         self.meta: dict[int, dict] = {}  # shard -> {bytes, sha256} of its file
         self.pending: tuple[list[tuple[int, Hashable]], np.ndarray] | None = None  # the last measure()
-        self.seeding = False  # keep each new key's first value (the master turns it on with priority checkpoints)
+        self.seeding = False  # keep each new key's first value (on with priority checkpoints, see roles.serve)
         self.dirty: set[int] = set()  # shards with values kept since their file was last written
         self._writer: threading.Thread | None = None
         self.error: str | None = None

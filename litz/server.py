@@ -106,8 +106,6 @@ class Server(Process):
         elif tag == P.PRIORITY_SAVE:  # step 4: the coordinator's pick here is this server's count farthest keys
             saved, held = self.running_ckpt.save_top(msg[1], self.shards, msg[2])
             self.send("master", (P.PRIORITY_SAVED, saved, held, None))
-        elif tag == P.RUNNING_CHECKPOINT:
-            self.running_ckpt.seeding = True
         elif tag == P.RESTORE_SHARDS:
             self.restore_lost_shards(msg[1], msg[2], msg[3])
         elif not self.handle_lifecycle(tag, msg):
