@@ -28,7 +28,7 @@ from .errors import AppError, InputError, LitzError, app_error
 from .joblog import JobLog, check_json
 from .membership import Membership
 from .outofcore import parse_bytes
-from .placement import plan_moves
+from .placement import leaving_first, plan_moves
 from .process import Process
 from .recovery import CorruptCheckpoint, Recovery, warn
 
@@ -704,9 +704,7 @@ class Master(Process):
                     said.append(f"waiting for {more} more {role}(s) to join: start `litz {role} --etcd ... "
                                 f"--name {self.membership.job}` on the new machines")
             elif target < len(active):
-                # the newest leave first; by start order, as processes started together may join in any order
-                newest_last = sorted(active, key=lambda m: (m.id_taken, m.joined))
-                leaving = [m.ident for m in newest_last[target:]]
+                leaving = leaving_first({m.ident: (m.id_taken, m.joined) for m in active}, target)
                 said.append(self.drain(leaving))
             else:
                 said.append(f"already {target} {role}(s)")

@@ -48,3 +48,10 @@ def plan_moves(owner: list[str], moving: dict[int, str], active: list[str],
             item = surplus.pop()
             moves.append((item, owner[item], proc))
     return [m for m in moves if m[2] in ready]
+
+
+def leaving_first(started: dict[str, tuple[float, int]], target: int) -> list[str]:
+    """The processes a scale-in to ``target`` releases: the newest, by ``started`` = (when the process took its
+    id, join order). Start order, not join order: processes started together join in any order, and the
+    user who scaled out to w2, w3 expects ``scale --workers 2`` to give back w2 and w3."""
+    return sorted(started, key=lambda p: (*started[p], p))[target:]

@@ -1,5 +1,5 @@
 """The balancing policy (litz.placement.plan_moves): even spread, fewest moves, processes about to join."""
-from litz.placement import plan_moves
+from litz.placement import leaving_first, plan_moves
 
 
 def apply(owner: list[str], moves: list[tuple[int, str, str]]) -> list[str]:
@@ -43,3 +43,11 @@ def test_leaving_processes_give_up_everything_and_moving_items_stay_put():
     assert len(moves) == 4 and all(src == "w2" for _, src, _ in moves)
     assert spread(apply(owner, moves)) == [6, 6]
     assert plan_moves(owner, {8: "w0", 9: "w0", 10: "w1", 11: "w1"}, ["w0", "w1"]) == []
+
+
+def test_scale_in_releases_the_newest_by_start_order_not_join_order():
+    # w3 took its id after w2 but joined first (started together by one scale-out)
+    started = {"w0": (1.0, 1), "w1": (1.0, 2), "w3": (5.2, 3), "w2": (5.1, 4)}
+    assert leaving_first(started, 3) == ["w3"]
+    assert leaving_first(started, 2) == ["w2", "w3"]
+    assert leaving_first(started, 4) == []
