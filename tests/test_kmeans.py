@@ -9,8 +9,6 @@ migration and recovery do. ``test_litz_run_*`` run the real thing through ``litz
 from __future__ import annotations
 
 import json
-import pickle
-import random
 
 import numpy as np
 import pytest
@@ -19,6 +17,7 @@ import apps.kmeans as km
 import litz
 from apps.kmeans import data, model
 from apps.kmeans.settings import Settings
+from tests import inprocess
 
 # overlapping blobs and more centres than blobs: the optimum is not simply the true centres
 CONFIG = {"synthetic": 1, "n": 40_000, "d": 8, "k": 20, "blobs": 10, "spread": 5.0, "epochs": 5, "batch": 1000}
@@ -40,78 +39,8 @@ def rel(a: float, b: float) -> float:
     return abs(a - b) / abs(b)
 
 
-class InProcess:
-    """A minimal sequential stand-in for the runtime (driver and executor contexts in one object).
-
-    ``view``: "dispatch" reads the parameter server as of the task's dispatch, "run" as of its start.
-    ``roundtrip``: before each task, replace its executor by a copy made from its pickled state, either whole
-    ("evict", as out-of-core eviction does) or without ``input_attrs`` followed by ``load_input()``
-    ("reload", as a move on scale-in or a restore from a checkpoint does).
-    """
-
-    def __init__(self, config: dict, num_executors: int, seed: int = 0, view: str = "dispatch",
-                 roundtrip: str | None = None) -> None:
-        self.rng = random.Random(seed)
-        self.view_mode, self.roundtrip = view, roundtrip
-        self.ps: dict = {}
-        self.queue: list[tuple[int, object, dict]] = []
-        self.reports: list[dict] = []
-        self.result = None
-        self.finished = False
-        self.config, self.num_executors = config, num_executors
-        self.driver = km.KMeansDriver()
-        self.driver.config, self.driver.num_executors, self.driver._litz = config, num_executors, self
-        self.executors = [self._bind(km.KMeansExecutor.__new__(km.KMeansExecutor), e) for e in range(num_executors)]
-        for ex in self.executors:
-            ex.__init__()
-            ex.load_input()
-
-    def _bind(self, ex: km.KMeansExecutor, e: int) -> km.KMeansExecutor:
-        ex.executor_id, ex.num_executors, ex.config, ex._litz = e, self.num_executors, self.config, self
-        return ex
-
-    def _roundtrip(self, ex: km.KMeansExecutor) -> km.KMeansExecutor:
-        state = pickle.loads(pickle.dumps(ex.__getstate__()))
-        if self.roundtrip == "reload":
-            state = {k: v for k, v in state.items() if k not in ex.input_attrs}
-        new = self._bind(km.KMeansExecutor.__new__(km.KMeansExecutor), ex.executor_id)
-        new.__dict__.update(state)
-        if self.roundtrip == "reload":
-            new.load_input()
-        return new
-
-    # driver context
-    def dispatch_task(self, executor: int, args: object) -> None:
-        self.queue.append((executor, args, dict(self.ps)))  # values are replaced, never mutated: a snapshot
-
-    def report(self, metrics: dict, t: float) -> None:
-        self.reports.append(metrics)
-
-    def finish(self, result: object) -> None:
-        self.result, self.finished = result, True
-
-    # executor context
-    def ps_get_many(self, keys: list) -> list:
-        return [self.view.get(k) for k in keys]
-
-    def ps_update_many(self, items) -> None:
-        self.log.extend(items)
-
-    def run(self) -> dict:
-        self.driver.dispatch_initial_tasks()
-        while not self.finished:
-            executor, args, snapshot = self.queue.pop(self.rng.randrange(len(self.queue)))
-            self.view = snapshot if self.view_mode == "dispatch" else self.ps
-            self.log: list = []
-            if self.roundtrip:  # the executor was evicted (or moved) since its last task
-                self.executors[executor] = self._roundtrip(self.executors[executor])
-            result = self.executors[executor].run_task(args)
-            for key, delta in self.log:
-                old = self.ps.get(key)
-                self.ps[key] = np.array(delta, copy=True) if old is None else old + delta
-            self.driver.handle_task_completion(result)
-        assert not self.queue
-        return self.result
+def in_process(config: dict, num_executors: int, **kw) -> inprocess.InProcess:
+    return inprocess.InProcess(km.KMeansDriver, km.KMeansExecutor, config, num_executors, **kw)
 
 
 # ------------------------------------------------------------------------------------------ kernels
@@ -164,10 +93,10 @@ def test_kmeans_plus_plus_is_deterministic_and_spreads_out() -> None:
 @pytest.mark.timeout(60)
 def test_in_process_same_objective_for_any_partitioning_view_and_roundtrip() -> None:
     config = {**CONFIG, "n": 12_000, "epochs": 3, "batch": 500}
-    runs = [InProcess(config, 1).run(),
-            InProcess(config, 3, seed=1, view="run").run(),  # would differ without double-buffering
-            InProcess(config, 8, seed=2, view="run", roundtrip="evict").run(),
-            InProcess(config, 5, seed=3, roundtrip="reload").run()]
+    runs = [in_process(config, 1).run(),
+            in_process(config, 3, seed=1, view="run").run(),  # would differ without double-buffering
+            in_process(config, 8, seed=2, view="run", roundtrip="evict").run(),
+            in_process(config, 5, seed=3, roundtrip="reload").run()]
     objectives = [r["objective"] for r in runs]
     assert max(objectives) - min(objectives) <= 1e-7 * objectives[0], objectives
     assert all(r["iterations"] == 3 * 24 and r["n"] == 12_000 for r in runs)
@@ -176,22 +105,22 @@ def test_in_process_same_objective_for_any_partitioning_view_and_roundtrip() -> 
 @pytest.mark.timeout(60)
 def test_in_process_reports_epochs_and_improves_on_the_initial_centres() -> None:
     config = {**CONFIG, "n": 12_000, "epochs": 4, "batch": 500}
-    runtime = InProcess(config, 3)
+    runtime = in_process(config, 3)
     trained = runtime.run()
     assert [r["epoch"] for r in runtime.reports] == [1, 2, 3, 4]
-    untrained = InProcess({**config, "epochs": 0}, 3).run()
+    untrained = in_process({**config, "epochs": 0}, 3).run()
     assert untrained["epochs"] == 0 and untrained["iterations"] == 0
     assert trained["objective"] < untrained["objective"]
-    random_init = InProcess({**config, "init": "random"}, 2).run()
+    random_init = in_process({**config, "init": "random"}, 2).run()
     assert random_init["objective"] < 1.1 * trained["objective"]
 
 
 @pytest.mark.timeout(60)
 def test_in_process_stale_reads_stay_close() -> None:
     config = {**CONFIG, "n": 12_000, "epochs": 3, "batch": 500}
-    bsp = InProcess(config, 4).run()["objective"]
+    bsp = in_process(config, 4).run()["objective"]
     for staleness in (1, 3):
-        ssp = InProcess({**config, "staleness": staleness}, 4, seed=staleness).run()["objective"]
+        ssp = in_process({**config, "staleness": staleness}, 4, seed=staleness).run()["objective"]
         assert rel(ssp, bsp) < 0.01, (staleness, ssp, bsp)
 
 

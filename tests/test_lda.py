@@ -20,6 +20,7 @@ import pytest
 import litz
 from apps.lda import data, topic_recovery
 from apps.lda.settings import Settings
+from tests import inprocess
 from tests.helpers import Processes, run_cli, wait_for
 
 CORPUS = {"synthetic": 1, "docs": 3000, "vocab": 1000, "topics": 20, "doc_length": 100, "seed": 0}
@@ -119,56 +120,12 @@ def test_uci_corpus_file(tmp_path) -> None:
     assert "topic_recovery" not in result
 
 
-class InProcess:
-    """The app's driver and executors in this process against a dict parameter server. Tasks complete in a
-    random order, each reading the server as it was when the task was dispatched: the stalest view the
-    consistency rule allows. Checks the schedule logic itself, with no runtime underneath."""
+def in_process(config: dict, num_executors: int, seed: int) -> inprocess.InProcess:
+    """The schedule logic itself, with no runtime underneath: tasks complete in a random order, each reading
+    the server as it was when the task was dispatched (the stalest view the consistency rule allows)."""
+    import apps.lda as lda
 
-    def __init__(self, config: dict, num_executors: int, seed: int) -> None:
-        import random
-
-        import apps.lda as lda
-
-        self.rng = random.Random(seed)
-        self.ps: dict = {}
-        self.queue: list = []
-        self.result = None
-        self.driver = lda.LDADriver()
-        self.driver.config, self.driver.num_executors, self.driver._litz = config, num_executors, self
-        self.executors = []
-        for e in range(num_executors):
-            ex = lda.LDAExecutor()
-            ex.executor_id, ex.num_executors, ex.config, ex._litz = e, num_executors, config, self
-            ex.load_input()
-            self.executors.append(ex)
-
-    def dispatch_task(self, executor: int, args) -> None:
-        self.queue.append((executor, args, dict(self.ps)))  # values are replaced, never mutated: a snapshot
-
-    def report(self, metrics: dict, t: float) -> None:
-        pass
-
-    def finish(self, result) -> None:
-        self.result = result
-
-    def ps_get_many(self, keys: list) -> list:
-        return [self.view.get(k) for k in keys]
-
-    def ps_update_many(self, items) -> None:
-        self.log.extend(items)
-
-    def run(self) -> dict:
-        self.driver.dispatch_initial_tasks()
-        while self.result is None:
-            executor, args, self.view = self.queue.pop(self.rng.randrange(len(self.queue)))
-            self.log = []
-            out = self.executors[executor].run_task(args)
-            for key, delta in self.log:
-                old = self.ps.get(key)
-                self.ps[key] = np.array(delta) if old is None else old + delta
-            self.driver.handle_task_completion(out)
-        assert not self.queue
-        return self.result
+    return inprocess.InProcess(lda.LDADriver, lda.LDAExecutor, config, num_executors, seed=seed)
 
 
 @pytest.mark.timeout(30)
@@ -176,7 +133,7 @@ class InProcess:
 def test_schedule_in_process_with_random_completion_order(executors, blocks) -> None:
     config = {**SMALL, "docs": 300, "epochs": 3, "check_counts": 1, **({"blocks": blocks} if blocks else {})}
     for seed in range(3):
-        check_invariant(InProcess(config, executors, seed).run(), 3, executors)
+        check_invariant(in_process(config, executors, seed).run(), 3, executors)
 
 
 @pytest.mark.timeout(30)
@@ -203,7 +160,7 @@ def test_schedule_checks_catch_a_broken_schedule(monkeypatch) -> None:
     original = lda.LDADriver._sampled
     monkeypatch.setattr(lda.LDADriver, "_try", greedy)
     monkeypatch.setattr(lda.LDADriver, "_sampled", completed)
-    result = InProcess({**SMALL, "docs": 300, "epochs": 2, "check_counts": 1}, 4, seed=0).run()
+    result = in_process({**SMALL, "docs": 300, "epochs": 2, "check_counts": 1}, 4, seed=0).run()
     sched = result["schedule"]
     assert sched["overlaps"] > 0 and any("read hold count" in v for v in sched["violations"]), sched
 

@@ -7,14 +7,13 @@ run the real thing through ``litz.run``.
 """
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import pytest
 
 import apps.mlr as mlr
 import litz
 from apps.mlr.data import synthetic_rows
+from tests import inprocess
 
 CONFIG = {"synthetic": 1, "n": 40_000, "n_test": 10_000, "d": 50, "classes": 10, "seed": 0}
 
@@ -28,54 +27,8 @@ def sklearn_accuracy(config: dict) -> float:
     return LogisticRegression(max_iter=1000).fit(X, y).score(Xt, yt)
 
 
-class InProcess:
-    """A minimal sequential stand-in for the runtime (driver and executor contexts in one object)."""
-
-    def __init__(self, config: dict, num_executors: int, seed: int = 0) -> None:
-        self.rng = random.Random(seed)
-        self.ps: dict = {}
-        self.queue: list[tuple[int, object, dict]] = []
-        self.reports: list[dict] = []
-        self.result = None
-        self.finished = False
-        self.driver = mlr.MLRDriver()
-        self.driver.config, self.driver.num_executors, self.driver._litz = config, num_executors, self
-        self.executors = []
-        for e in range(num_executors):
-            ex = mlr.MLRExecutor()
-            ex.executor_id, ex.num_executors, ex.config, ex._litz = e, num_executors, config, self
-            ex.load_input()
-            self.executors.append(ex)
-
-    # driver context
-    def dispatch_task(self, executor: int, args: object) -> None:
-        self.queue.append((executor, args, dict(self.ps)))  # values are replaced, never mutated: a snapshot
-
-    def report(self, metrics: dict, t: float) -> None:
-        self.reports.append(metrics)
-
-    def finish(self, result: object) -> None:
-        self.result, self.finished = result, True
-
-    # executor context
-    def ps_get_many(self, keys: list) -> list:
-        return [self.view.get(k) for k in keys]
-
-    def ps_update_many(self, items) -> None:
-        self.log.extend(items)
-
-    def run(self) -> object:
-        self.driver.dispatch_initial_tasks()
-        while not self.finished:
-            executor, args, self.view = self.queue.pop(self.rng.randrange(len(self.queue)))
-            self.log: list = []
-            result = self.executors[executor].run_task(args)
-            for key, delta in self.log:
-                old = self.ps.get(key)
-                self.ps[key] = np.array(delta, copy=True) if old is None else old + delta
-            self.driver.handle_task_completion(result)
-        assert not self.queue
-        return self.result
+def in_process(config: dict, num_executors: int, **kw) -> inprocess.InProcess:
+    return inprocess.InProcess(mlr.MLRDriver, mlr.MLRExecutor, config, num_executors, **kw)
 
 
 @pytest.mark.timeout(30)
@@ -113,7 +66,7 @@ def test_sgd_step_is_minus_lr_times_gradient_dense_and_sparse() -> None:
 @pytest.mark.parametrize("num_executors,staleness", [(1, 0), (3, 2), (8, 3)])
 def test_in_process_matches_sklearn(num_executors: int, staleness: int) -> None:
     config = {**CONFIG, "staleness": staleness}
-    result = InProcess(config, num_executors).run()
+    result = in_process(config, num_executors).run()
     assert result["epochs"] == 10 and result["train_rows"] == 40_000 and result["test_rows"] == 10_000
     assert abs(result["test_accuracy"] - sklearn_accuracy(config)) <= 0.01, result
 
@@ -121,7 +74,7 @@ def test_in_process_matches_sklearn(num_executors: int, staleness: int) -> None:
 @pytest.mark.timeout(30)
 def test_in_process_reports_every_epoch_in_order() -> None:
     config = {**CONFIG, "n": 5000, "n_test": 1000, "epochs": 4}
-    runtime = InProcess(config, 3, seed=1)
+    runtime = in_process(config, 3, seed=1)
     result = runtime.run()
     assert [r["epoch"] for r in runtime.reports] == [1, 2, 3, 4]
     losses = [r["loss"] for r in runtime.reports]
@@ -133,7 +86,7 @@ def test_in_process_reports_every_epoch_in_order() -> None:
 
 @pytest.mark.timeout(30)
 def test_in_process_zero_epochs_evaluates_zero_model() -> None:
-    result = InProcess({**CONFIG, "n": 1000, "n_test": 500, "epochs": 0}, 2).run()
+    result = in_process({**CONFIG, "n": 1000, "n_test": 500, "epochs": 0}, 2).run()
     assert result["train_loss"] == pytest.approx(np.log(10), rel=1e-5)
 
 
@@ -147,7 +100,7 @@ def test_in_process_libsvm_with_test_file(tmp_path) -> None:
                  for x, label in zip(X[rows], y[rows], strict=True)]
         (tmp_path / name).write_text("\n".join(lines) + "\n")
     config = {"train": str(tmp_path / "train.svm"), "test": str(tmp_path / "test.svm"), "epochs": 5}
-    result = InProcess(config, 2).run()
+    result = in_process(config, 2).run()
     assert result["test_rows"] == 1000 and result["test_accuracy"] > 0.6, result
 
 
