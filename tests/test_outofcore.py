@@ -142,12 +142,23 @@ def test_corrupted_spill_file_is_a_clear_error(tmp_path, monkeypatch):
                            "--memory-limit", "4M", "--config", "rounds=400", "mb=4", "inflight=1", "sleep=0.05",
                            "--no-progress"])
 
-        def a_spill_file():
-            # the input data's file: kept across evictions and loads, so it must be checked at every load
-            files = [os.path.join(d, f) for d, _, fs in os.walk(spill) for f in fs if f.endswith("-input.pkl")]
-            return files and files[0]
+        sizes: dict[str, int] = {}
 
-        victim = wait_for(a_spill_file, 60, "a spill file")
+        def a_written_spill_file():
+            # the input data's file: kept across evictions and loads, so it must be checked at every load. It is
+            # written once; wait until it has stopped growing, or the flip could land before the writer does
+            files = [os.path.join(d, f) for d, _, fs in os.walk(spill) for f in fs if f.endswith("-input.pkl")]
+            for path in files:
+                try:
+                    size, seen = os.path.getsize(path), sizes.get(path)
+                except FileNotFoundError:
+                    continue
+                sizes[path] = size
+                if size > 1 << 20 and size == seen:
+                    return path
+            return None
+
+        victim = wait_for(a_written_spill_file, 60, "a whole spill file", interval=0.2)
         with open(victim, "r+b") as f:  # same size, one byte flipped: only the checksum can tell
             f.seek(1 << 20)
             byte = f.read(1)
