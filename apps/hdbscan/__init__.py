@@ -269,6 +269,7 @@ class HDBSCANExecutor(litz.Executor):
 
     def load_input(self) -> None:
         t0 = time.perf_counter()
+        _kernels()[0].numba_ready()  # before the first kernel call: numba's first use, without scipy.linalg
         self.settings = s = Settings.from_config(self.config)
         X, self.shift = data.matrix(s)
         N = len(X)
