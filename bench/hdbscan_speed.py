@@ -3,7 +3,8 @@
 Data: ``apps.hdbscan.data.synthetic`` with 50 dimensions, 50 clusters and 10% noise (box [-100, 100], std 1),
 written to a ``.npy`` file that every side reads. Everything uses ``min_cluster_size=5``.
 
-* **Speed at 50 000 x 50**: Litz (``litz.run("apps.hdbscan")``, 2 workers, 1 server, 8 executors, defaults)
+* **Speed at 50 000 x 50**: Litz (``litz.run("apps.hdbscan")``, 2 workers, 1 server, defaults: one executor per
+  worker)
   against the exact ``hdbscan`` library and ``fast_hdbscan``, which at more than 30 dimensions uses
   pynndescent's NN-Descent and Kruskal.
   * Litz is timed end to end: the ``litz.run`` wall time, which includes starting its processes and loading
@@ -20,8 +21,10 @@ written to a ``.npy`` file that every side reads. Everything uses ``min_cluster_
   n^2 the next size would take over 3 min). The exponent is the least-squares slope of log(time) on log(n). The
   thesis reports about n^1.14 for NN-Descent. ``--growth-repeats`` Litz and fast_hdbscan runs per size.
 * **d_max pruning**: Litz at 50 000 x 50 with ``dmax_filter`` on and off, with points in random blocks
-  (``partition=block``, the thesis's setting) and in tree cells (``partition=tree``, the default). Recorded: the
-  update bytes sent, the bytes of the d_max broadcast, and the time of the NN-Descent stage.
+  (``partition=block``, the thesis's setting) and in tree cells (``partition=tree``, the default), with 8
+  executors (4 per worker, the app's default before 2026-11-24's second change, so the rows compare across
+  dates; with the default one per worker half as many pairs cross executors). Recorded: the update bytes
+  sent, the bytes of the d_max broadcast, and the time of the NN-Descent stage.
 
 Litz runs ``--repeats`` times, interleaved, on this shared 2-core machine, and the table shows medians.
 ``--quick``: 10 000 points, growth 2^12 .. 2^13, one repeat.
@@ -80,13 +83,13 @@ def baseline(lib: str, paths: list[str], out: str, reps: int, warmup: str | None
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_litz(path: str, out: str, cold_cache: str | None = None, **extra) -> dict:
+def run_litz(path: str, out: str, cold_cache: str | None = None, executors: int | None = None, **extra) -> dict:
     saved = os.environ.get("NUMBA_CACHE_DIR")
     if cold_cache:
         os.environ["NUMBA_CACHE_DIR"] = cold_cache  # the worker processes inherit it
     try:
         t = time.perf_counter()
-        res = litz.run("apps.hdbscan", workers=2, servers=1, progress=False,
+        res = litz.run("apps.hdbscan", workers=2, servers=1, executors=executors, progress=False,
                        config={"input": path, "output": out, **extra})
         res["wall_s"] = time.perf_counter() - t
     finally:
@@ -195,7 +198,8 @@ def main() -> int:
         for _ in range(reps):
             for part in ("block", "tree"):
                 for filt in (1, 0):
-                    res = run_litz(path, os.path.join(tmp, "d.npy"), partition=part, dmax_filter=filt)
+                    res = run_litz(path, os.path.join(tmp, "d.npy"), executors=8, partition=part,
+                                   dmax_filter=filt)
                     entry = dmax.setdefault(f"{part}_filter{filt}", {"nndescent_s": []})
                     entry["nndescent_s"].append(res["timings_s"]["nndescent"])
                     for key in ("update_bytes_sent", "update_records_sent", "update_records_generated",

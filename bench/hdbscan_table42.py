@@ -1,14 +1,14 @@
 """HDBSCAN, thesis Table 4.2: Litz's approximate HDBSCAN against the exact ``hdbscan`` library.
 
-Data as Table 4.2 describes (``apps.hdbscan.data.synthetic``): 100 000 points, 1 000 clusters, 20% noise
-uniform in the box, the rest normally distributed about random centres (box [-10, 10]^d, std 1: scikit-learn
+Data as Table 4.2 describes (``apps.hdbscan.data.synthetic``): 100 000 points, 1 000 clusters, 20% noise uniform
+in the box, the rest normally distributed about random centres (box [-10, 10]^d, std 1: scikit-learn
 ``make_blobs``' defaults; the thesis does not give them), dimensions 1 to 10. Both sides run with
-``min_cluster_size=5`` (so ``min_samples=5``); Litz with its defaults (k=15, 2 workers, 1 server, 8
-executors). The reference is the library with ``approx_min_span_tree=False``, which makes it exact. Its
-default, ``True``, approximates the spanning tree: at d=2 the default and the exact settings agree only at
-FM 0.925 with each other. The FM against the default is recorded too. For each dimension: the
-Fowlkes-Mallows index of Litz's labels against the exact reference, and both cluster counts, next to the
-thesis's figures. Target: FM at or above the thesis's in every dimension.
+``min_cluster_size=5`` (so ``min_samples=5``); Litz with its defaults (k=15, 2 workers, 1 server, one executor
+per worker; 8 executors before 2026-11-24's second change). The reference is the library with
+``approx_min_span_tree=False``, which makes it exact. Its default, ``True``, approximates the spanning tree: at
+d=2 the default and the exact settings agree only at FM 0.925 with each other. The FM against the default is
+recorded too. For each dimension: the Fowlkes-Mallows index of Litz's labels against the exact reference, and
+both cluster counts, next to the thesis's figures. Target: FM at or above the thesis's in every dimension.
 
 ``--k K`` runs Litz with ``k=K`` neighbours in every dimension (default: the app's, 15). The gap below the thesis
 is the kNN-graph spanning tree, not the kNN recall (0.99-1.0 here): at k=15 the MST of the 15-NN graph misses

@@ -122,6 +122,12 @@ def _pairs(counts: np.ndarray, dst: int) -> dict[int, int]:
 class HDBSCANDriver(litz.Driver):
     """Runs the phases as barriers, decides convergence, runs Borůvka's merges, writes the labels."""
 
+    # One executor per worker unless the job says otherwise: every phase is a barrier over all executors,
+    # and each executor's task pays its own parameter-server round trips and kernel calls. 50 000 x 50 on
+    # 2 workers: driver 0.81 -> 0.68 s with 2 executors instead of 8 (4: 0.74 s), and the kNN graph is no
+    # worse (fewer remote updates are cut to the best K per target): MST weight 2526157 vs 2526644.
+    executors_per_worker = 1
+
     def dispatch_initial_tasks(self) -> None:
         self.settings = Settings.from_config(self.config)
         self.output = self.settings.output_path()
@@ -269,6 +275,7 @@ class HDBSCANExecutor(litz.Executor):
 
     def load_input(self) -> None:
         t0 = time.perf_counter()
+        _kernels()[0].numba_ready()  # before the first kernel call: numba's first use, without scipy.linalg
         self.settings = s = Settings.from_config(self.config)
         X, self.shift = data.matrix(s)
         N = len(X)
@@ -311,7 +318,10 @@ class HDBSCANExecutor(litz.Executor):
 
     def _gather(self, name: str) -> np.ndarray:
         """All executors' float32 arrays ``(name, e)`` end to end (published as float32 or as its bits)."""
-        values = self.ps_get_many([(name, e) for e in range(self.num_executors)])
+        return self._concat(self.ps_get_many([(name, e) for e in range(self.num_executors)]))
+
+    def _concat(self, values: list) -> np.ndarray:
+        """The values of ``(name, e)`` for every executor ``e``, as one float32 array (a missing one is zeros)."""
         return np.concatenate([np.zeros(self.starts[e + 1] - self.starts[e], np.float32) if v is None
                                else np.asarray(v).view(np.float32) for e, v in enumerate(values)])
 
@@ -377,10 +387,14 @@ class HDBSCANExecutor(litz.Executor):
         knn, _ = _kernels()
         s = self.settings
         t0 = time.perf_counter()
-        knn.merge_reverse(self._receive("r", counts), self.new_ci, self.new_cp, self.new_n, self.old_ci, self.old_cp,
-                          self.old_n, self.ind, self.flag, self.lo, len(self.X))
         use_filter = s.dmax_filter and self.num_executors > 1
-        thresholds = self._gather("dmax") if use_filter else np.zeros(0, np.float32)
+        # the reverse candidates and everybody's d_max in one request (one round trip to the servers, not two)
+        keys = mailbox.inbox_keys("r", self.executor_id, counts)
+        dmax_keys = [("dmax", e) for e in range(self.num_executors)] if use_filter else []
+        values = self.ps_get_many([k for k, _, _ in keys] + dmax_keys)
+        knn.merge_reverse(mailbox.assemble(keys, values[:len(keys)], counts), self.new_ci, self.new_cp, self.new_n,
+                          self.old_ci, self.old_cp, self.old_n, self.ind, self.flag, self.lo, len(self.X))
+        thresholds = self._concat(values[len(keys):]) if use_filter else np.zeros(0, np.float32)
         stats = np.zeros(4, np.int64)
         buf = np.empty((JOIN_BUFFER_ROWS, 3), np.float64)
         m, start = 0, 0
