@@ -17,10 +17,6 @@ class Driver:
     config: dict
     num_executors: int
     _litz = None  # bound by the master: litz.master.DriverContext
-    # Executors per initial worker when the job does not set ``executors``. More give the runtime finer
-    # pieces to move and balance; an app whose phases are barriers over every executor may prefer fewer,
-    # since each executor's task costs its own round trips.
-    executors_per_worker: int = 4
 
     # -- defined by the application ------------------------------------------------------------------
     def dispatch_initial_tasks(self) -> None:

@@ -26,29 +26,6 @@ from .transport import ring_prefix
 ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-def cache_bytecode(env: dict[str, str]) -> None:
-    """Children keep compiled bytecode in Litz's own cache folder when the environment turns bytecode
-    writing off (``PYTHONDONTWRITEBYTECODE``, often set in containers to keep source trees clean). Without
-    it every worker and server compiles Litz and the app from source at start-up: 30-70 ms of CPU per
-    process, which a job's processes spend at once on a small machine (HDBSCAN at 50 000 x 50 on 2 cores:
-    about 0.05 s of its 1.3 s). The bytecode goes to ``$XDG_CACHE_HOME/litz/pycache`` (``~/.cache``), not
-    next to the sources, so those stay clean; a ``PYTHONPYCACHEPREFIX`` of the user's own is left alone, and
-    so is an environment that already writes bytecode. The first job with the folder empty compiles every
-    module the children import once (seconds); later jobs read it."""
-    if not env.get("PYTHONDONTWRITEBYTECODE") or env.get("PYTHONPYCACHEPREFIX"):
-        return
-    root = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    prefix = os.path.join(root, "litz", "pycache")
-    try:
-        os.makedirs(prefix, exist_ok=True)
-    except OSError:
-        return
-    if not os.access(prefix, os.W_OK):
-        return
-    del env["PYTHONDONTWRITEBYTECODE"]
-    env["PYTHONPYCACHEPREFIX"] = prefix
-
-
 class LocalProcesses:
     """The child processes of a local job."""
 
@@ -57,7 +34,6 @@ class LocalProcesses:
         self.name, self.home, self.etcd = name, home, etcd
         self.server_memory_limit = server_memory_limit
         self.env = {**ONE_BLAS_THREAD, **os.environ, "LITZ_SECRET": secret, "LITZ_PARENT_PID": str(os.getpid())}
-        cache_bytecode(self.env)
         self.ring_prefix = ring_prefix(secret)
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self.reported: set[int] = set()

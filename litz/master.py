@@ -256,8 +256,7 @@ class Master(Process):
 
     def place_and_create(self, create: bool = True) -> None:
         workers, servers = sorted(self.workers), sorted(self.servers)
-        per_worker = getattr(self.app.driver_cls, "executors_per_worker", 4)
-        self.num_executors = self.requested_executors or max(1, int(per_worker)) * len(workers)
+        self.num_executors = self.requested_executors or 4 * len(workers)
         num_shards = self.requested_shards or max(64, 8 * len(servers))
         self.shard_owner = [servers[s % len(servers)] for s in range(num_shards)]
         for s in servers:

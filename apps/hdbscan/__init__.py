@@ -122,12 +122,6 @@ def _pairs(counts: np.ndarray, dst: int) -> dict[int, int]:
 class HDBSCANDriver(litz.Driver):
     """Runs the phases as barriers, decides convergence, runs Borůvka's merges, writes the labels."""
 
-    # One executor per worker unless the job says otherwise: every phase is a barrier over all executors,
-    # and each executor's task pays its own parameter-server round trips and kernel calls. 50 000 x 50 on
-    # 2 workers: driver 0.81 -> 0.68 s with 2 executors instead of 8 (4: 0.74 s), and the kNN graph is no
-    # worse (fewer remote updates are cut to the best K per target): MST weight 2526157 vs 2526644.
-    executors_per_worker = 1
-
     def dispatch_initial_tasks(self) -> None:
         self.settings = Settings.from_config(self.config)
         self.output = self.settings.output_path()

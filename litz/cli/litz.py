@@ -33,8 +33,7 @@ def _positive(text: str) -> int:
 
 def _job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("app", help="module name (resolved from the current directory) or path to a .py file")
-    p.add_argument("--executors", type=_positive,
-                   help="logical executors (default: per initial worker, the driver's executors_per_worker, 4)")
+    p.add_argument("--executors", type=_positive, help="logical executors (default: 4 per initial worker)")
     p.add_argument("--shards", type=_positive, help="logical parameter-server shards (default: max(64, 8 per server))")
     p.add_argument("--config", action="extend", nargs="+", metavar="KEY=VALUE",
                    help="app settings, JSON-decoded where possible (--config a=1 b=x, or repeat --config)")
