@@ -346,3 +346,27 @@ def test_per_process_caches_never_serve_another_arrays_points() -> None:
             assert np.array_equal(ordered, X[perm])
         assert cache[key][0] is X  # rebuilt for X, not served from the stale entry
         cache.clear()
+
+
+@pytest.mark.timeout(120)
+def test_numba_ready_skips_scipy_linalg_and_leaves_blas_working() -> None:
+    """``knn.numba_ready`` loads numba's registries with stand-ins for ``scipy.linalg``: numba code that does
+    use BLAS (``np.dot`` of matrices) must still compile afterwards against the real module. In a fresh
+    process, since this one may have used numba already."""
+    import subprocess
+    import sys
+
+    script = """
+import sys
+import numba, numpy as np
+from apps.hdbscan import knn
+knn.numba_ready()
+assert "scipy.linalg" not in sys.modules, "the stand-ins were left behind or scipy.linalg was imported"
+f = numba.njit(lambda a, b: np.dot(a, b))
+a = np.arange(6.0).reshape(2, 3)
+assert np.allclose(f(a, a.T), a @ a.T)
+assert hasattr(sys.modules["scipy.linalg"], "svd"), "numba got a stand-in, not scipy.linalg"
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
