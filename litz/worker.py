@@ -167,9 +167,9 @@ class Worker(Process):
             for eid in to_load:  # after every task of the message counts: a load must not evict their executors
                 self.prefetch(eid)
         elif tag == P.VALUES:
-            self.on_values(sender, msg[1])
+            self.on_values(None if len(msg) > 2 else sender, msg[1])  # None: forwarded, never live
         elif tag == P.ACK:
-            self.on_ack(sender, msg[1], msg[2], msg[3])
+            self.on_ack(sender, msg[1], msg[2], msg[3], len(msg) > 4)
         elif tag == P.APP:
             _, blob, self.config, self.num_executors = msg
             self.executor_cls = load_executor_class(blob)
@@ -619,7 +619,7 @@ class Worker(Process):
         for server, items in out.items():
             self.send(server, (P.GETS, items))
 
-    def on_values(self, server: str, items: list) -> None:
+    def on_values(self, server: str | None, items: list) -> None:
         store = self.cache.store
         for rid, value in items:
             fetch = self.fetches.pop(rid)
@@ -652,7 +652,7 @@ class Worker(Process):
         # the master tells the other workers which keys these tasks wrote (too many: any key)
         self.flushing[fid] = [len(log), results, by_server, list(log) if len(log) <= MAX_WRITTEN_KEYS else None]
 
-    def on_ack(self, server: str, fid: int, applied: int, errors: list) -> None:
+    def on_ack(self, server: str, fid: int, applied: int, errors: list, forwarded: bool = False) -> None:
         if errors:
             self.fail(f"ps_update on server {server}", "\n".join(errors))
         flushing = self.flushing.get(fid)
@@ -660,7 +660,7 @@ class Worker(Process):
             return
         by_server = flushing[2]
         sent = by_server.pop(server, None)
-        if sent is not None and applied == len(sent):
+        if sent is not None and applied == len(sent) and not forwarded:
             # Gets answered by this server before this ack did not see these updates, later ones do: add
             # them into the live entries now, before any later answer can be stored.
             self.cache.write_through(sent)

@@ -81,3 +81,45 @@ def test_other_workers_writes_are_seen(workers, servers, executors, seed):
                       config={"steps": 240, "seed": seed})
     assert result["violations"] == []
     assert result["live_hits"] > 0  # the live path was exercised, not only fetches
+
+
+def _bare_worker():
+    """A Worker with only what on_values/on_ack touch (no sockets): messages it sends are recorded."""
+    from collections import deque
+
+    from litz.worker import Fetch, Worker
+
+    w = Worker.__new__(Worker)
+    w.cache, w.flushing, w.fetches, w.fetch_by_key, w.runnable, w.sent = ParamCache(), {}, {}, {}, deque(), []
+    w.send = lambda peer, msg, pickler=None: w.sent.append((peer, msg))
+    w.fail = lambda where, text: w.sent.append(("fail", where, text))
+    return w, Fetch
+
+
+def test_forwarded_ack_with_a_coincident_count_drops_liveness():
+    """s2 acknowledges items s1 forwarded to it (a shard moved) before its own: the count alone would match
+    s2's own items, so without the forwarded flag the worker would add them before s2 applied them."""
+    w, _ = _bare_worker()
+    w.cache.store("k", 1, 10, w.cache.ticket())
+    w.cache.store("j", 1, 20, w.cache.ticket())
+    w.flushing[0] = [2, ["result"], {"s1": [(0, "k", 1)], "s2": [(1, "j", 2)]}, ["k", "j"]]
+    w.on_ack("s2", 0, 1, [], forwarded=True)
+    assert not w.cache.is_live("k") and not w.cache.is_live("j")
+    assert w.sent == []  # the flush is not complete yet
+    w.on_ack("s1", 0, 1, [])
+    assert w.sent == [("master", ("done", ["result"], ["k", "j"]))]
+    assert w.cache.lookup("j", 1) == 20  # untouched: the version rule still serves it
+
+
+def test_direct_acks_write_through_and_forwarded_answers_are_not_live():
+    w, Fetch = _bare_worker()
+    w.cache.store("k", 1, 10, w.cache.ticket())
+    w.flushing[0] = [1, ["r"], {"s1": [(0, "k", 5)]}, ["k"]]
+    w.on_ack("s1", 0, 1, [])
+    assert w.cache.lookup("k", 9, live_ok=True) == 15
+    w.fetches[7] = Fetch("m", 3, "s1", w.cache.ticket())
+    w.on_values(None, [(7, 4)])  # answered by another server after forwarding
+    assert not w.cache.is_live("m") and w.cache.lookup("m", 3) == 4
+    w.fetches[8] = Fetch("n", 3, "s1", w.cache.ticket())
+    w.on_values("s1", [(8, 6)])
+    assert w.cache.is_live("n")
