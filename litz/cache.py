@@ -7,7 +7,7 @@ before the results of the tasks that made them go back to the master.
 """
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from typing import Any
 
 import numpy as np
@@ -16,19 +16,83 @@ MISS = object()
 
 
 class ParamCache:
+    """Values by key, each with the version it was fetched for; some also *live*.
+
+    A live entry is the server's value as of its fetch plus every update this worker has since flushed
+    and had acknowledged for the key (applied here in the order the server applied them: a server answers
+    a worker's gets and acknowledges its updates in the order it sent them, on one channel), and no other
+    worker has written the key since the fetch as far as the master has told this worker. The master sends
+    with every dispatch the keys other workers' completed tasks wrote since its previous dispatch here
+    (:meth:`invalidate`), so a live entry reflects every update of every task completed before the
+    dispatch of a task that reads it, whatever the task's version: it may serve any task the master
+    dispatched to this worker directly. A fetch records a :meth:`ticket`; its value is stored live only if
+    no invalidation of its key came after the ticket (the value may predate the foreign write).
+    """
+
     def __init__(self) -> None:
         self._entries: dict[Hashable, tuple[int, Any]] = {}
+        self._live: set[Hashable] = set()
+        self._seq = 0  # invalidations so far
+        self._invalidated: dict[Hashable, int] = {}  # key -> seq of its latest invalidation
+        self._all_invalidated = 0  # seq of the latest invalidation of every key
+        self.live_hits = 0  # lookups only a live entry could serve (the version rule alone would miss)
 
-    def lookup(self, key: Hashable, version: int) -> Any:
+    def lookup(self, key: Hashable, version: int, live_ok: bool = False) -> Any:
         entry = self._entries.get(key)
-        if entry is not None and version <= entry[0]:
-            return entry[1]
+        if entry is not None:
+            if version <= entry[0]:
+                return entry[1]
+            if live_ok and key in self._live:
+                self.live_hits += 1
+                return entry[1]
         return MISS
 
-    def store(self, key: Hashable, version: int, value: Any) -> None:
+    def ticket(self) -> int:
+        """For a fetch about to be sent: pass it to :meth:`store` with the fetched value."""
+        return self._seq
+
+    def store(self, key: Hashable, version: int, value: Any, ticket: int | None = None) -> None:
         entry = self._entries.get(key)
         if entry is None or version >= entry[0]:
             self._entries[key] = (version, value)
+            if (ticket is not None and self._all_invalidated <= ticket
+                    and self._invalidated.get(key, 0) <= ticket):
+                self._live.add(key)
+            else:
+                self._live.discard(key)
+
+    def invalidate(self, keys: Iterable[Hashable] | None) -> None:
+        """Another process wrote ``keys`` (None: any key): their entries and fetches in flight are not live."""
+        self._seq += 1
+        if keys is None:
+            self._all_invalidated = self._seq
+            self._live.clear()
+            self._invalidated.clear()
+            return
+        seq, invalidated, live = self._seq, self._invalidated, self._live
+        for key in keys:
+            invalidated[key] = seq
+            live.discard(key)
+
+    def write_through(self, items: Iterable[tuple]) -> None:
+        """This worker's acknowledged updates ``(shard, key, delta)``, added into their live entries (into new
+        objects: a task may still hold the old value)."""
+        entries, live = self._entries, self._live
+        for _, key, delta in items:
+            if key in live:
+                version, value = entries[key]
+                if value is None:
+                    value = np.array(delta) if isinstance(delta, np.ndarray) else delta
+                else:
+                    try:
+                        value = add_into(key, value, delta, in_place=False)
+                    except Exception:  # the server refuses it too and the job fails; just stop serving it
+                        live.discard(key)
+                        continue
+                entries[key] = (version, value)
+
+    def is_live(self, key: Hashable) -> bool:
+        return key in self._live
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -36,6 +36,7 @@ MEMBERSHIP_CHECK_S = 0.5
 REQUESTS_CHECK_S = 0.05  # litzctl requests, when no wake-up datagram arrives (see open_wake_socket)
 STATUS_EVERY_S = 1.0
 HISTORY_SAMPLES = 3600  # an hour of once-a-second samples for litzctl plot
+MAX_FOREIGN_KEYS = 4096  # more keys written elsewhere since a worker's last dispatch: it drops every live entry
 
 
 def open_wake_socket(host: str) -> socket.socket | None:
@@ -122,6 +123,8 @@ class Master(Process):
         self.in_flight = 0
         self.tasks_completed = 0
         self.outbox: dict[str, list] = defaultdict(list)
+        # worker -> keys other workers' completed tasks wrote since its last dispatch (None: any key)
+        self.foreign_writes: dict[str, set | None] = {}
         self.started = False
         self.finished = False
         self.result: Any = None
@@ -337,6 +340,7 @@ class Master(Process):
         self.held.clear()
         self.paused_tasks.clear()
         self.outbox.clear()
+        self.foreign_writes.clear()  # the workers start with empty caches
         self.operation = None
         self.map_dirty = False
         self.in_flight = self.sent_in_flight = 0
@@ -360,6 +364,7 @@ class Master(Process):
     def handle(self, sender: str, msg: tuple) -> None:
         tag = msg[0]
         if tag == P.DONE:
+            self.note_writes(sender, msg[2])  # before the driver dispatches anything behind these completions
             self.on_done(msg[1])
         elif tag == P.STATS:
             member = self.workers.get(sender) or self.servers.get(sender)
@@ -440,11 +445,32 @@ class Master(Process):
             except Exception:
                 raise AppError("driver handle_task_completion", traceback.format_exc()) from None
 
+    def note_writes(self, writer: str, keys: Any) -> None:
+        """Completions from ``writer`` wrote ``keys`` (None: any): the other workers' caches must hear of it
+        before their next task (see :class:`litz.cache.ParamCache`, live entries)."""
+        if keys is not None and not keys:
+            return
+        foreign = self.foreign_writes
+        for worker in self.workers:
+            if worker == writer:
+                continue
+            pending = foreign.get(worker, ())
+            if pending is None:
+                continue
+            if keys is None or len(pending) + len(keys) > MAX_FOREIGN_KEYS:
+                foreign[worker] = None
+            elif pending:
+                pending.update(keys)
+            else:
+                foreign[worker] = set(keys)
+
     def flush_outbox(self) -> None:
         if self.outbox:
             out, self.outbox = self.outbox, defaultdict(list)
+            foreign = self.foreign_writes
             for worker, tasks in out.items():
-                self.send(worker, (P.TASKS, tasks))
+                written = foreign.pop(worker, ())
+                self.send(worker, (P.TASKS, tasks, None if written is None else list(written)))
 
     def check_progress(self) -> None:
         if not self.finished and self.in_flight == 0:

@@ -9,9 +9,9 @@ TASKS = "tasks"        # master -> worker: (TASKS, [(task_id, eid, version, args
 DONE = "done"          # worker -> master: (DONE, [(task_id, result), ...])
 FAIL = "fail"          # any -> master: (FAIL, where, traceback_text)
 GETS = "gets"          # worker -> server: (GETS, [(request_id, shard, key), ...])
-VALUES = "values"      # server -> worker: (VALUES, [(request_id, value), ...])
+VALUES = "values"      # server -> worker: (VALUES, [(request_id, value), ...][, True: answered after forwarding])
 UPDATES = "updates"    # worker -> server: (UPDATES, flush_id, [(shard, key, delta), ...])
-ACK = "ack"            # server -> worker: (ACK, flush_id, items_applied, [error, ...])
+ACK = "ack"            # server -> worker: (ACK, flush_id, items_applied, [error, ...][, True: forwarded items])
 STOP = "stop"          # master -> worker/server: (STOP,)
 STATS = "stats"        # worker/server -> master: (STATS, {rss, ...}) about once a second
 

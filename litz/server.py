@@ -80,9 +80,9 @@ class Server(Process):
         elif tag == P.UPDATES:
             self.on_updates(sender, msg[1], msg[2])
         elif tag == P.FWD_GETS:
-            self.on_gets(msg[1], msg[2])
+            self.on_gets(msg[1], msg[2], forwarded=True)
         elif tag == P.FWD_UPDATES:
-            self.on_updates(msg[1], msg[2], msg[3])
+            self.on_updates(msg[1], msg[2], msg[3], forwarded=True)
         elif tag == P.SHARDS:
             for shard, owner in enumerate(msg[2]):
                 if owner == self.ident and shard not in self.forward:
@@ -126,14 +126,17 @@ class Server(Process):
                 away[dest].append(item)
         return mine, away or {}
 
-    def on_gets(self, origin: str, items: list) -> None:
+    def on_gets(self, origin: str, items: list, forwarded: bool = False) -> None:
         mine, away = self._split(items, 1) if self.forward else (items, {})
         for dest, fwd in away.items():
             self.send(dest, (P.FWD_GETS, origin, fwd))
         if mine:
-            self.send(origin, (P.VALUES, [(rid, self.get(shard, key)) for rid, shard, key in mine]))
+            values = [(rid, self.get(shard, key)) for rid, shard, key in mine]
+            # answers and acks for forwarded requests say so: they are in no order with the answers and acks of
+            # the server the worker asked, so the worker's cache must not count on that order for them
+            self.send(origin, (P.VALUES, values, True) if forwarded else (P.VALUES, values))
 
-    def on_updates(self, origin: str, fid: int, items: list) -> None:
+    def on_updates(self, origin: str, fid: int, items: list, forwarded: bool = False) -> None:
         mine, away = self._split(items, 0) if self.forward else (items, {})
         for dest, fwd in away.items():
             fwd = [(shard, key, _own(delta)) for shard, key, delta in fwd]  # borrowed: sent after we return
@@ -145,7 +148,7 @@ class Server(Process):
                     self.update(shard, key, delta)
                 except Exception as exc:  # reported to the task's worker, which fails the job
                     errors.append(str(exc))
-            self.send(origin, (P.ACK, fid, len(mine), errors))
+            self.send(origin, (P.ACK, fid, len(mine), errors, True) if forwarded else (P.ACK, fid, len(mine), errors))
 
     def get(self, shard: int, key: Hashable) -> Any:
         value = self.shards.setdefault(shard, {}).get(key)

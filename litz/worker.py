@@ -34,14 +34,18 @@ RUN_SLICE_S = 0.02  # longest stretch of task execution between two looks at the
 # flush's payload is on the way while the next one is built, and updates still aggregate meanwhile.
 # Each flush's results wait for its own acknowledgements, so the consistency rule is unchanged.
 MAX_FLUSHES = 2  # bench/ps_bandwidth.py, 1 worker, update: ~900 MB/s with 1, ~1,150 with 2, no better with 4
+# A flush that writes more keys than this reports "any key" to the master, which then invalidates every
+# live cache entry of the other workers: the key lists travel and are merged once per flush and dispatch.
+MAX_WRITTEN_KEYS = 1024
 
 
 class Task:
     __slots__ = ("tid", "eid", "version", "args", "glet", "result", "signalled", "values", "missing", "gen",
-                 "retried", "updates")
+                 "retried", "updates", "live_ok")
 
-    def __init__(self, tid: int, eid: int, version: int, args: Any, gen: int = 0):
+    def __init__(self, tid: int, eid: int, version: int, args: Any, gen: int = 0, live_ok: bool = False):
         self.tid, self.eid, self.version, self.args, self.gen = tid, eid, version, args, gen
+        self.live_ok = live_ok  # dispatched here by the master, behind its invalidations: live entries serve it
         self.retried = False
         self.updates: UpdateLog | None = None  # staged until the task succeeds: a failed attempt adds nothing
         self.glet = None
@@ -52,10 +56,10 @@ class Task:
 
 
 class Fetch:
-    __slots__ = ("key", "version", "waiters")
+    __slots__ = ("key", "version", "waiters", "server", "ticket")
 
-    def __init__(self, key: Hashable, version: int):
-        self.key, self.version = key, version
+    def __init__(self, key: Hashable, version: int, server: str, ticket: int):
+        self.key, self.version, self.server, self.ticket = key, version, server, ticket
         self.waiters: list[tuple[Task, int]] = []
 
 
@@ -78,7 +82,9 @@ class Worker(Process):
         self.fetch_by_key: dict[Hashable, Fetch] = {}
         self.out_gets: dict[str, list] = defaultdict(list)
         self.completed: list[tuple[int, Any]] = []
-        self.flushing: dict[int, list] = {}  # flush_id -> [items not yet acknowledged, results]
+        # flush_id -> [items not yet acknowledged, results, {server: its items until it acknowledges them},
+        #             the keys written or None]
+        self.flushing: dict[int, list] = {}
         self.started: dict[int, int] = defaultdict(int)  # eid -> tasks started and not finished
         self.moving: dict[int, tuple[str, bool, bool, list]] = {}  # eid -> (dest, with_input, copied, buffered)
         self.copied: dict[int, dict] = {}  # eid -> input data sent ahead to its destination (scale-out)
@@ -143,12 +149,17 @@ class Worker(Process):
         if tag == P.TASKS:
             gen = self.gen
             to_load = []
+            # Only the master's dispatches come behind the invalidations they need (a task another worker
+            # forwards was dispatched behind that worker's): only they may read live cache entries.
+            live_ok = sender == "master" and len(msg) > 2
+            if live_ok:
+                self.cache.invalidate(msg[2])
             for tid, eid, version, args in msg[1]:
                 if eid in self.executors or eid in self.moving:
-                    self.runnable.append(Task(tid, eid, version, args, gen))
+                    self.runnable.append(Task(tid, eid, version, args, gen, live_ok))
                     self.pending[eid] += 1
                 elif eid in self.residency.spilled:
-                    self.waiting_load[eid].append(Task(tid, eid, version, args, gen))
+                    self.waiting_load[eid].append(Task(tid, eid, version, args, gen, live_ok))
                     self.pending[eid] += 1
                     to_load.append(eid)
                 else:
@@ -156,9 +167,9 @@ class Worker(Process):
             for eid in to_load:  # after every task of the message counts: a load must not evict their executors
                 self.prefetch(eid)
         elif tag == P.VALUES:
-            self.on_values(msg[1])
+            self.on_values(None if len(msg) > 2 else sender, msg[1])  # None: forwarded, never live
         elif tag == P.ACK:
-            self.on_ack(sender, msg[1], msg[2], msg[3])
+            self.on_ack(sender, msg[1], msg[2], msg[3], len(msg) > 4)
         elif tag == P.APP:
             _, blob, self.config, self.num_executors = msg
             self.executor_cls = load_executor_class(blob)
@@ -329,6 +340,7 @@ class Worker(Process):
             return
         old = set(self.shardmap.owners)
         self.shardmap.owners = owners
+        self.cache.invalidate(None)  # answers and acknowledgements may now come from other servers, in any order
         for server in old - set(owners):
             self.send(server, (P.FENCE, version))  # behind every request we ever sent it
 
@@ -549,7 +561,7 @@ class Worker(Process):
     # -- the API executors call (bound as Executor._litz) ----------------------------------------------
     def ps_get(self, key: Hashable) -> Any:
         task = self._task("ps_get")
-        value = self.cache.lookup(key, task.version)
+        value = self.cache.lookup(key, task.version, task.live_ok)
         if value is MISS:
             return self.ps_get_many([key])[0]
         return value
@@ -558,9 +570,9 @@ class Worker(Process):
         task = self._task("ps_get_many")
         values = [None] * len(keys)
         missing = 0
-        lookup = self.cache.lookup
+        lookup, version, live_ok = self.cache.lookup, task.version, task.live_ok
         for i, key in enumerate(keys):
-            value = lookup(key, task.version)
+            value = lookup(key, version, live_ok)
             if value is MISS:
                 self._want(key, task, i)
                 missing += 1
@@ -576,12 +588,13 @@ class Worker(Process):
         fetch = self.fetch_by_key.get(key)
         if fetch is None or fetch.version < task.version:
             shard = self.shardmap.shard(key)
-            fetch = Fetch(key, task.version)
+            server = self.shardmap.owners[shard]
+            fetch = Fetch(key, task.version, server, self.cache.ticket())
             rid = self.next_rid
             self.next_rid += 1
             self.fetches[rid] = fetch
             self.fetch_by_key[key] = fetch
-            self.out_gets[self.shardmap.owners[shard]].append((rid, shard, key))
+            self.out_gets[server].append((rid, shard, key))
         fetch.waiters.append((task, index))
 
     def ps_update(self, key: Hashable, delta: Any) -> None:
@@ -606,11 +619,12 @@ class Worker(Process):
         for server, items in out.items():
             self.send(server, (P.GETS, items))
 
-    def on_values(self, items: list) -> None:
+    def on_values(self, server: str | None, items: list) -> None:
         store = self.cache.store
         for rid, value in items:
             fetch = self.fetches.pop(rid)
-            store(fetch.key, fetch.version, value)
+            # live only if answered by the server asked: then it comes in order with that server's acks
+            store(fetch.key, fetch.version, value, fetch.ticket if server == fetch.server else None)
             if self.fetch_by_key.get(fetch.key) is fetch:
                 del self.fetch_by_key[fetch.key]
             for task, index in fetch.waiters:
@@ -624,7 +638,7 @@ class Worker(Process):
         results, self.completed = self.completed, []
         log = self.log.take()
         if not log:
-            self.send("master", (P.DONE, results))
+            self.send("master", (P.DONE, results, ()))
             return
         by_server: dict[str, list] = defaultdict(list)
         shard_of, owners = self.shardmap.shard, self.shardmap.owners
@@ -635,18 +649,28 @@ class Worker(Process):
         self.next_fid += 1
         for server, items in by_server.items():
             self.send(server, (P.UPDATES, fid, items))
-        self.flushing[fid] = [len(log), results]
+        # the master tells the other workers which keys these tasks wrote (too many: any key)
+        self.flushing[fid] = [len(log), results, by_server, list(log) if len(log) <= MAX_WRITTEN_KEYS else None]
 
-    def on_ack(self, server: str, fid: int, applied: int, errors: list) -> None:
+    def on_ack(self, server: str, fid: int, applied: int, errors: list, forwarded: bool = False) -> None:
         if errors:
             self.fail(f"ps_update on server {server}", "\n".join(errors))
         flushing = self.flushing.get(fid)
         if flushing is None:
             return
+        by_server = flushing[2]
+        sent = by_server.pop(server, None)
+        if sent is not None and applied == len(sent) and not forwarded:
+            # Gets answered by this server before this ack did not see these updates, later ones do: add
+            # them into the live entries now, before any later answer can be stored.
+            self.cache.write_through(sent)
+        else:  # forwarded (a shard moved): acks from other servers, in no order with their answers
+            self.cache.invalidate([key for items in (sent or (), *by_server.values()) for _, key, _ in items])
+            by_server.clear()
         flushing[0] -= applied
         if flushing[0] == 0:
             del self.flushing[fid]
-            self.send("master", (P.DONE, flushing[1]))
+            self.send("master", (P.DONE, flushing[1], flushing[3]))
 
 
 def executor_state(ex: Executor, with_input: bool) -> Any:

@@ -1,0 +1,125 @@
+"""The worker's parameter cache: live entries (own acknowledged updates applied, other workers' writes
+invalidate), unit-level and end to end."""
+import numpy as np
+import pytest
+
+import litz
+from litz.cache import MISS, ParamCache
+from tests.helpers import app_path
+
+
+def test_version_rule_without_live():
+    c = ParamCache()
+    c.store("k", 5, 1.0)  # no ticket: never live
+    assert c.lookup("k", 5) == 1.0 and c.lookup("k", 3, live_ok=True) == 1.0
+    assert c.lookup("k", 6, live_ok=True) is MISS
+
+
+def test_live_entry_serves_later_versions_and_takes_own_updates():
+    c = ParamCache()
+    c.store("k", 5, np.zeros(3), c.ticket())
+    assert c.is_live("k")
+    assert c.lookup("k", 9) is MISS  # only tasks dispatched behind the master's invalidations may use it
+    before = c.lookup("k", 9, live_ok=True)
+    c.write_through([(0, "k", np.ones(3))])
+    after = c.lookup("k", 9, live_ok=True)
+    assert np.array_equal(after, np.ones(3)) and np.array_equal(before, np.zeros(3))  # a new object
+    c.write_through([(0, "missing", 1)])  # not cached: nothing to do
+    assert c.lookup("missing", 0, live_ok=True) is MISS
+
+
+def test_write_through_of_a_never_written_key():
+    c = ParamCache()
+    c.store("k", 1, None, c.ticket())
+    c.write_through([(0, "k", np.arange(3, dtype=np.int16))])
+    value = c.lookup("k", 2, live_ok=True)
+    assert value.dtype == np.int16 and value.tolist() == [0, 1, 2]
+
+
+def test_foreign_write_invalidates_entry():
+    c = ParamCache()
+    c.store("a", 1, 1, c.ticket())
+    c.store("b", 1, 2, c.ticket())
+    c.invalidate(["a"])
+    assert c.lookup("a", 2, live_ok=True) is MISS
+    assert c.lookup("b", 2, live_ok=True) == 2
+    c.write_through([(0, "a", 5)])  # not live any more: the cached value is not touched
+    assert c.lookup("a", 1) == 1
+    c.invalidate(None)
+    assert c.lookup("b", 2, live_ok=True) is MISS
+
+
+def test_fetch_in_flight_during_invalidation_is_not_live():
+    """The value may have been read before the other worker's write reached the server."""
+    c = ParamCache()
+    ticket = c.ticket()
+    c.invalidate(["a"])  # arrives while the fetch is out
+    c.store("a", 3, 10, ticket)
+    assert not c.is_live("a") and c.lookup("a", 4, live_ok=True) is MISS
+    assert c.lookup("a", 3) == 10  # the version rule still holds for it
+    c.store("a", 4, 11, c.ticket())  # a fetch sent after the invalidation is live again
+    assert c.lookup("a", 9, live_ok=True) == 11
+    ticket = c.ticket()
+    c.invalidate(None)
+    c.store("z", 5, 1, ticket)
+    assert not c.is_live("z")
+
+
+def test_older_answer_does_not_replace_newer_entry():
+    c = ParamCache()
+    c.store("k", 7, 70, c.ticket())
+    c.store("k", 3, 30, c.ticket())
+    assert c.lookup("k", 7) == 70 and c.is_live("k")
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("workers,servers,executors,seed", [(2, 1, 4, 0), (3, 2, 6, 1)])
+def test_other_workers_writes_are_seen(workers, servers, executors, seed):
+    """Tasks one after another on random executors: a task after one on the same worker is served from
+    the live cache, after one on another worker it must see that worker's write."""
+    result = litz.run(app_path("foreign_writes"), workers=workers, servers=servers, executors=executors,
+                      config={"steps": 240, "seed": seed})
+    assert result["violations"] == []
+    assert result["live_hits"] > 0  # the live path was exercised, not only fetches
+
+
+def _bare_worker():
+    """A Worker with only what on_values/on_ack touch (no sockets): messages it sends are recorded."""
+    from collections import deque
+
+    from litz.worker import Fetch, Worker
+
+    w = Worker.__new__(Worker)
+    w.cache, w.flushing, w.fetches, w.fetch_by_key, w.runnable, w.sent = ParamCache(), {}, {}, {}, deque(), []
+    w.send = lambda peer, msg, pickler=None: w.sent.append((peer, msg))
+    w.fail = lambda where, text: w.sent.append(("fail", where, text))
+    return w, Fetch
+
+
+def test_forwarded_ack_with_a_coincident_count_drops_liveness():
+    """s2 acknowledges items s1 forwarded to it (a shard moved) before its own: the count alone would match
+    s2's own items, so without the forwarded flag the worker would add them before s2 applied them."""
+    w, _ = _bare_worker()
+    w.cache.store("k", 1, 10, w.cache.ticket())
+    w.cache.store("j", 1, 20, w.cache.ticket())
+    w.flushing[0] = [2, ["result"], {"s1": [(0, "k", 1)], "s2": [(1, "j", 2)]}, ["k", "j"]]
+    w.on_ack("s2", 0, 1, [], forwarded=True)
+    assert not w.cache.is_live("k") and not w.cache.is_live("j")
+    assert w.sent == []  # the flush is not complete yet
+    w.on_ack("s1", 0, 1, [])
+    assert w.sent == [("master", ("done", ["result"], ["k", "j"]))]
+    assert w.cache.lookup("j", 1) == 20  # untouched: the version rule still serves it
+
+
+def test_direct_acks_write_through_and_forwarded_answers_are_not_live():
+    w, Fetch = _bare_worker()
+    w.cache.store("k", 1, 10, w.cache.ticket())
+    w.flushing[0] = [1, ["r"], {"s1": [(0, "k", 5)]}, ["k"]]
+    w.on_ack("s1", 0, 1, [])
+    assert w.cache.lookup("k", 9, live_ok=True) == 15
+    w.fetches[7] = Fetch("m", 3, "s1", w.cache.ticket())
+    w.on_values(None, [(7, 4)])  # answered by another server after forwarding
+    assert not w.cache.is_live("m") and w.cache.lookup("m", 3) == 4
+    w.fetches[8] = Fetch("n", 3, "s1", w.cache.ticket())
+    w.on_values("s1", [(8, 6)])
+    assert w.cache.is_live("n")
