@@ -5,9 +5,11 @@ Phases, each a barrier: ``warm`` (every key is updated once, untimed, so the ser
 ``keys_per_task`` distinct keys each with ``ps_get_many``, or one ``ps_get`` at a time with
 ``get_mode="single"``).
 
-Every get is a cache miss by construction: the driver keeps ``inflight`` tasks running and dispatches the
-next one from ``handle_task_completion``, so it carries a version newer than every value any earlier task
-fetched; tasks in flight together touch disjoint keys. Each task checks one element of every value it got.
+Every get is a cache miss by construction when live cache entries are off (``LITZ_LIVE_CACHE=0``, which
+``bench/ps_bandwidth.py`` sets): the driver keeps ``inflight`` tasks running and dispatches the next one from
+``handle_task_completion``, so it carries a version newer than every value any earlier task fetched; tasks in
+flight together touch disjoint keys. (With live entries on, a worker serves again the keys no other worker
+wrote since it fetched them, from memory.) Each task checks one element of every value it got.
 
 Config: ``tasks`` (per timed phase), ``inflight``, ``keys_per_task``, ``num_keys``, ``nbytes`` (per array),
 ``get_mode`` ("many" or "single"), ``phases`` (timed phases to run, default ``["update", "get"]``).
