@@ -29,7 +29,8 @@ class ParamCache:
     no invalidation of its key came after the ticket (the value may predate the foreign write).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, live: bool = True) -> None:
+        self._live_on = live  # off: no entry is ever live, only the version rule serves (LITZ_LIVE_CACHE=0)
         self._entries: dict[Hashable, tuple[int, Any]] = {}
         self._live: set[Hashable] = set()
         self._seq = 0  # invalidations so far
@@ -55,7 +56,7 @@ class ParamCache:
         entry = self._entries.get(key)
         if entry is None or version >= entry[0]:
             self._entries[key] = (version, value)
-            if (ticket is not None and self._all_invalidated <= ticket
+            if (ticket is not None and self._live_on and self._all_invalidated <= ticket
                     and self._invalidated.get(key, 0) <= ticket):
                 self._live.add(key)
             else:

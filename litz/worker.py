@@ -74,10 +74,10 @@ class Worker(Process):
         self.num_executors = 0
         self.executors: dict[int, Executor] = {}
         self.shardmap: ShardMap | None = None
-        self.cache = ParamCache()
         # LITZ_LIVE_CACHE=0: tasks read the cache by the version rule alone, so every newer read travels to
         # the server (bench/ps_bandwidth.py measures that path with it; users have no reason to set it)
         self.live_cache = os.environ.get("LITZ_LIVE_CACHE", "1") != "0"
+        self.cache = ParamCache(self.live_cache)
         self.log = UpdateLog()
         self.runnable: deque[Task] = deque()
         self.current: Task | None = None
@@ -155,7 +155,7 @@ class Worker(Process):
             to_load = []
             # Only the master's dispatches come behind the invalidations they need (a task another worker
             # forwards was dispatched behind that worker's): only they may read live cache entries.
-            live_ok = sender == "master" and len(msg) > 2 and self.live_cache
+            live_ok = sender == "master" and len(msg) > 2
             if live_ok:
                 self.cache.invalidate(msg[2])
             for tid, eid, version, args in msg[1]:
@@ -460,7 +460,7 @@ class Worker(Process):
         self.gen += 1
         self.executors.clear()
         self.runnable.clear()
-        self.cache = ParamCache()
+        self.cache = ParamCache(self.live_cache)
         self.log = UpdateLog()
         self.fetches.clear()
         self.fetch_by_key.clear()

@@ -123,3 +123,9 @@ def test_direct_acks_write_through_and_forwarded_answers_are_not_live():
     w.fetches[8] = Fetch("n", 3, "s1", w.cache.ticket())
     w.on_values("s1", [(8, 6)])
     assert w.cache.is_live("n")
+
+
+def test_live_entries_off_serve_by_the_version_rule_alone():
+    c = ParamCache(live=False)  # LITZ_LIVE_CACHE=0
+    c.store("k", 5, np.zeros(3), c.ticket())
+    assert not c.is_live("k") and c.lookup("k", 6, live_ok=True) is MISS and c.lookup("k", 5) is not MISS
