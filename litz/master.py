@@ -33,6 +33,7 @@ from .process import Process
 from .recovery import CorruptCheckpoint, Recovery, warn
 
 MEMBERSHIP_CHECK_S = 0.5
+CHILDREN_CHECK_S = 0.02  # a local child's exit (a waitpid per child): seen at once, not at the next registry read
 REQUESTS_CHECK_S = 0.05  # litzctl requests, when no wake-up datagram arrives (see open_wake_socket)
 STATUS_EVERY_S = 1.0
 HISTORY_SAMPLES = 3600  # an hour of once-a-second samples for litzctl plot
@@ -99,6 +100,7 @@ class Master(Process):
         self.joblog = joblog or JobLog(progress=False)
         self.start_timeout = start_timeout
         self.supervise = supervise
+        self._dead_children: list[tuple[str, int, str]] = []  # seen by children_died, not yet handled
         self.spawn = spawn
         self.workers: dict[str, Member] = {}
         self.servers: dict[str, Member] = {}
@@ -178,7 +180,7 @@ class Master(Process):
         else:
             self.place_and_create()
             self.start_driver()
-        last_check = last_status = last_requests = time.time()
+        last_check = last_status = last_requests = last_children = time.time()
         router = self.endpoint.router
         poller = zmq.Poller()
         poller.register(router, zmq.POLLIN)
@@ -194,7 +196,11 @@ class Master(Process):
                         break
                 self.after_batch()
             now = time.time()
-            if now - last_check > MEMBERSHIP_CHECK_S:
+            children_died = False
+            if now - last_children > CHILDREN_CHECK_S:
+                last_children = now
+                children_died = self.children_died()
+            if children_died or now - last_check > MEMBERSHIP_CHECK_S:
                 last_check = now
                 self.check_members()
                 self.inject_faults()
@@ -741,7 +747,9 @@ class Master(Process):
         """Members that died: a local child that exited badly, or a lapsed registry lease."""
         lost: dict[str, Member] = {}
         members = {**self.workers, **self.servers}
-        for role, pid, how in (self.supervise() if self.supervise else []):
+        self.children_died()
+        dead, self._dead_children = self._dead_children, []
+        for role, pid, how in dead:
             match = [m for m in members.values() if m.info.get("pid") == pid]
             if not match:
                 if not self.started and not self.executor_owner:
@@ -756,6 +764,12 @@ class Master(Process):
                 else:
                     lost[ident] = m
         return list(lost.values())
+
+    def children_died(self) -> bool:
+        """Whether a local child exited badly (kept for :meth:`find_lost`): cheap enough to ask often."""
+        if self.supervise:
+            self._dead_children += self.supervise()
+        return bool(self._dead_children)
 
     def forget(self, ident: str) -> None:
         self.workers.pop(ident, None)
