@@ -233,6 +233,8 @@ class Recovery:
             raise LitzError(f"{why} and there is no checkpoint to recover from"
                             + ("" if self.store else " (run with --checkpoint-dir)"))
         self.abort_in_progress()
+        # the job's size before the loss: replacements (also for processes lost while recovering) bring it back
+        size = {"worker": len(m.workers), "server": len(m.servers)} if m.spawn is not None else None
         for member in lost:
             m.forget(member.ident)
             if m.spawn is not None:
@@ -245,7 +247,7 @@ class Recovery:
                 raise LitzError("recovery keeps failing: giving up")
             ckpt = checkpoints[0]
             try:
-                self.restore(ckpt, wait_for=len(lost) if m.spawn is not None else 0)
+                self.restore(ckpt, wait_for=size)
                 break
             except RestartRecovery as exc:
                 warn(f"{exc}; recovery starts over")
@@ -259,7 +261,7 @@ class Recovery:
         m.joblog.event("recovery", checkpoint=ckpt.path, seq=ckpt.seq, lost=lost_ids,
                        duration_s=round(time.time() - t0, 4), tasks_completed=m.tasks_completed)
 
-    def restore(self, ckpt: Checkpoint, wait_for: int = 0) -> None:
+    def restore(self, ckpt: Checkpoint, wait_for: dict[str, int] | None = None) -> None:
         m = self.master
         manifest = ckpt.manifest
         if manifest.get("app") != m.app.name:
@@ -354,14 +356,20 @@ class Recovery:
         m.joblog.event("partial_recovery", lost=lost_ids, source=source, shards_restored=len(lost_shards),
                        tasks_redispatched=len(again), duration_s=round(time.time() - t0, 4))
 
-    def await_members(self, count: int) -> None:
-        """Give replacement processes (local launcher, Kubernetes) a moment to join before placing."""
+    def await_members(self, size: dict[str, int] | None) -> None:
+        """Give replacement processes (local launcher, Kubernetes) a moment to join before placing: until the
+        job has ``size`` workers and servers again (all workers ready), or a worker and a server at least
+        once the wait is over."""
         m = self.master
-        target = len(m.workers) + len(m.servers) + count
-        deadline = time.time() + (REPLACEMENT_WAIT_S if count else 0)
-        while len(m.workers) + len(m.servers) < target or any(not w.ready for w in m.workers.values()):
-            if time.time() > deadline:
+        if not size:
+            return
+        deadline = time.time() + REPLACEMENT_WAIT_S
+        while (len(m.workers) < size["worker"] or len(m.servers) < size["server"]
+               or any(not w.ready for w in m.workers.values())):
+            if time.time() > deadline and m.servers and any(w.ready for w in m.workers.values()):
                 break
+            if time.time() > deadline + self.master.start_timeout:
+                break  # restore() says what is missing
             m.pump(0.05)
             self.check_lost()
 
