@@ -31,6 +31,10 @@ REPLACEMENT_WAIT_S = 15.0
 class RestartRecovery(Exception):
     """Another process was lost while recovering: start over with the processes left."""
 
+    def __init__(self, lost: list[str], message: str):
+        super().__init__(message)
+        self.lost = lost  # their ids, for the recovery event
+
 
 def warn(text: str) -> None:
     sys.stderr.write(f"litz: warning: {text}\n")
@@ -251,7 +255,7 @@ class Recovery:
                 break
             except RestartRecovery as exc:
                 warn(f"{exc}; recovery starts over")
-                lost_ids.append(str(exc))
+                lost_ids.extend(exc.lost)
                 checkpoints = self.usable() or checkpoints
             except CorruptCheckpoint as exc:
                 warn(f"checkpoint {ckpt.path} cannot be restored ({exc}); trying the previous one")
@@ -388,7 +392,8 @@ class Recovery:
                 self.master.forget(member.ident)
                 if self.master.spawn is not None:
                     self.master.spawn(member.role)
-            raise RestartRecovery(", ".join(f"{x.role} {x.ident}" for x in lost) + " was lost during recovery")
+            raise RestartRecovery([x.ident for x in lost],
+                                  ", ".join(f"{x.role} {x.ident}" for x in lost) + " was lost during recovery")
 
     def on_restored(self, sender: str, error: str | None) -> None:
         if self.restoring is None:
