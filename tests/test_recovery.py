@@ -53,6 +53,33 @@ def test_kill_9_at_a_random_point_recovers_exactly(tmp_path, victims, scar):
     assert pauses and all(p >= 0 for p in pauses)
 
 
+@pytest.mark.timeout(150)
+def test_a_server_lost_during_a_workers_recovery_restarts_it(tmp_path):
+    """The only server dies while a worker's recovery waits for the worker's replacement: the recovery starts
+    over, waits for both replacements, and its event names both processes."""
+    import psutil
+
+    name, out = "recover-twice", tmp_path / "out.json"
+    with Processes() as procs:
+        job = procs.start(job_args(name, str(tmp_path / "ckpt"), "--checkpoint-every", "0.3",
+                                   "--output", str(out), "--config", "load_sleep=0.1"))
+        st = wait_for(lambda: (s := status(name)) and s["checkpoints"] >= 1 and s, 30, "a first checkpoint")
+        pids = {m["id"]: m["pid"] for m in st["workers"] + st["servers"]}
+        launcher = psutil.Process(job.pid)
+        before = {p.pid for p in launcher.children()}
+        os.kill(pids["w1"], signal.SIGKILL)
+        # the replacement is started when the recovery begins; it loads its executors' input (0.1 s each)
+        wait_for(lambda: [p for p in launcher.children() if p.pid not in before], 30, "a replacement worker",
+                 interval=0.005)
+        os.kill(pids["s0"], signal.SIGKILL)
+        stdout, stderr = job.communicate(timeout=120)
+        assert job.returncode == 0, stderr
+    check_result(json.loads(stdout), steps=STEPS)
+    recoveries = [e for e in events_of(out) if e["kind"] == "recovery"]
+    assert len(recoveries) == 1 and set(recoveries[0]["lost"]) == {"w1", "s0"}, recoveries
+    assert "server s0 was lost during recovery; recovery starts over" in stderr
+
+
 def stopped_job_with_checkpoints(tmp_path, name: str, count: int = 3):
     """Run a job until it has ``count`` checkpoints, then stop it; returns the checkpoint directory."""
     ckpt = tmp_path / "ckpt"

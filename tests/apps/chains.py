@@ -53,6 +53,7 @@ class ChainExecutor(litz.Executor):
 
     def load_input(self):
         self.data = np.arange(1000, dtype=np.float64) + self.executor_id
+        time.sleep(self.config.get("load_sleep", 0))  # a slow input source: recoveries take longer
 
     def run_task(self, args):
         assert self.data[0] == self.executor_id and len(self.data) == 1000, "input data lost or wrong"
