@@ -239,10 +239,7 @@ class Recovery:
         self.abort_in_progress()
         # the job's size before the loss: replacements (also for processes lost while recovering) bring it back
         size = {"worker": len(m.workers), "server": len(m.servers)} if m.spawn is not None else None
-        for member in lost:
-            m.forget(member.ident)
-            if m.spawn is not None:
-                m.spawn(member.role)
+        self.replace(lost)
         lost_ids = [x.ident for x in lost]
         attempts = 0
         while True:
@@ -328,10 +325,7 @@ class Recovery:
         self.abort_in_progress()
         m.flush_outbox()  # sent under the old epoch; the reset drops them and they are dispatched again below
         m.epoch += 1
-        for member in lost:
-            m.forget(member.ident)
-            if m.spawn is not None:
-                m.spawn(member.role)  # joins later; the balancer then gives it shards
+        self.replace(lost)  # a replacement joins later; the balancer then gives it shards
         live = sorted(m.servers)
         lost_shards = [s for s, owner in enumerate(m.shard_owner) if owner in lost_ids]
         for i, shard in enumerate(lost_shards):
@@ -360,6 +354,14 @@ class Recovery:
         m.joblog.event("partial_recovery", lost=lost_ids, source=source, shards_restored=len(lost_shards),
                        tasks_redispatched=len(again), duration_s=round(time.time() - t0, 4))
 
+    def replace(self, lost: list[Member]) -> None:
+        """Forget the lost processes; a local launcher starts a new one for each."""
+        m = self.master
+        for member in lost:
+            m.forget(member.ident)
+            if m.spawn is not None:
+                m.spawn(member.role)
+
     def await_members(self, size: dict[str, int] | None) -> None:
         """Give replacement processes (local launcher, Kubernetes) a moment to join before placing: until the
         job has ``size`` workers and servers again (all workers ready), or a worker and a server at least
@@ -370,9 +372,10 @@ class Recovery:
         deadline = time.time() + REPLACEMENT_WAIT_S
         while (len(m.workers) < size["worker"] or len(m.servers) < size["server"]
                or any(not w.ready for w in m.workers.values())):
-            if time.time() > deadline and m.servers and any(w.ready for w in m.workers.values()):
+            late = time.time() - deadline
+            if late > 0 and m.servers and any(w.ready for w in m.workers.values()):
                 break
-            if time.time() > deadline + self.master.start_timeout:
+            if late > m.start_timeout:
                 break  # restore() says what is missing
             m.pump(0.05)
             self.check_lost()
@@ -388,10 +391,7 @@ class Recovery:
     def check_lost(self) -> None:
         lost = self.master.find_lost()
         if lost:
-            for member in lost:
-                self.master.forget(member.ident)
-                if self.master.spawn is not None:
-                    self.master.spawn(member.role)
+            self.replace(lost)
             raise RestartRecovery([x.ident for x in lost],
                                   ", ".join(f"{x.role} {x.ident}" for x in lost) + " was lost during recovery")
 
