@@ -33,7 +33,8 @@ from .process import Process
 from .recovery import CorruptCheckpoint, Recovery, warn
 
 MEMBERSHIP_CHECK_S = 0.5
-CHILDREN_CHECK_S = 0.02  # a local child's exit (a waitpid per child): seen at once, not at the next registry read
+LOSS_CHECK_S = 0.02  # local children's exits and dropped connections: seen at once, not at the next registry read
+CONNECTION_GRACE_S = 0.3  # a member's dropped connection not back after this: its process is gone
 REQUESTS_CHECK_S = 0.05  # litzctl requests, when no wake-up datagram arrives (see open_wake_socket)
 STATUS_EVERY_S = 1.0
 HISTORY_SAMPLES = 3600  # an hour of once-a-second samples for litzctl plot
@@ -67,6 +68,7 @@ class Member:
         self.state = "active"  # active | draining
         self.ready = False  # worker: has the app and created its initial executors
         self.retire_sent = False
+        self.noticed = ""  # once lost: how the master noticed (for the recovery event)
         self.first_map: int | None = None  # worker: first shard-map version it was sent
         self.stats: dict = {}
 
@@ -100,7 +102,8 @@ class Master(Process):
         self.joblog = joblog or JobLog(progress=False)
         self.start_timeout = start_timeout
         self.supervise = supervise
-        self._dead_children: list[tuple[str, int, str]] = []  # seen by children_died, not yet handled
+        self._dead_children: list[tuple[str, int, str]] = []  # seen by losses_noticed, not yet handled
+        self._unreachable: list[str] = []  # members whose connection dropped for good, not yet handled
         self.spawn = spawn
         self.workers: dict[str, Member] = {}
         self.servers: dict[str, Member] = {}
@@ -180,7 +183,7 @@ class Master(Process):
         else:
             self.place_and_create()
             self.start_driver()
-        last_check = last_status = last_requests = last_children = time.time()
+        last_check = last_status = last_requests = last_losses = time.time()
         router = self.endpoint.router
         poller = zmq.Poller()
         poller.register(router, zmq.POLLIN)
@@ -196,11 +199,11 @@ class Master(Process):
                         break
                 self.after_batch()
             now = time.time()
-            children_died = False
-            if now - last_children > CHILDREN_CHECK_S:
-                last_children = now
-                children_died = self.children_died()
-            if children_died or now - last_check > MEMBERSHIP_CHECK_S:
+            losses = False
+            if now - last_losses > LOSS_CHECK_S:
+                last_losses = now
+                losses = self.losses_noticed()
+            if losses or now - last_check > MEMBERSHIP_CHECK_S:
                 last_check = now
                 self.check_members()
                 self.inject_faults()
@@ -417,7 +420,7 @@ class Master(Process):
                 self.rebalance("scale_out", [sender])
 
     def on_hello(self, ident: str, role: str, info: dict) -> None:
-        self.endpoint.connect(ident, info["address"])
+        self.endpoint.connect(ident, info["address"], watch=True)
         members = self.workers if role == "worker" else self.servers
         members[ident] = Member(ident, role, {**(self.membership.member(ident) or {}), **info,
                                               "id_taken": self.membership.get(f"ids/{ident}")})
@@ -744,10 +747,11 @@ class Master(Process):
 
     # -- membership, requests, status ----------------------------------------------------------------
     def find_lost(self) -> list[Member]:
-        """Members that died: a local child that exited badly, or a lapsed registry lease."""
+        """Members that died: a local child that exited badly, a connection that dropped and did not come
+        back, or a lapsed registry lease (what is left: a lost host closes no connection)."""
         lost: dict[str, Member] = {}
         members = {**self.workers, **self.servers}
-        self.children_died()
+        self.losses_noticed()
         dead, self._dead_children = self._dead_children, []
         for role, pid, how in dead:
             match = [m for m in members.values() if m.info.get("pid") == pid]
@@ -755,21 +759,32 @@ class Master(Process):
                 if not self.started and not self.executor_owner:
                     raise LitzError(f"{role} process {pid} {how} during start-up")
                 continue
+            match[0].noticed = f"process {how}"
             lost[match[0].ident] = match[0]
+        unreachable, self._unreachable = self._unreachable, []
+        for ident in unreachable:
+            m = members.get(ident)
+            if m is not None and not m.retire_sent and ident not in lost:
+                m.noticed = "connection dropped"
+                lost[ident] = m
+                self.membership.evict(ident)  # if it lives after all, it sees this and stops
         alive = self.membership.members()
         for ident, m in members.items():
             if ident not in alive and ident not in lost:
                 if m.retire_sent:  # its RETIRED message may still be on its way
                     self.on_retired(ident)
                 else:
+                    m.noticed = "registration lapsed"
                     lost[ident] = m
         return list(lost.values())
 
-    def children_died(self) -> bool:
-        """Whether a local child exited badly (kept for :meth:`find_lost`): cheap enough to ask often."""
+    def losses_noticed(self) -> bool:
+        """Whether a local child exited badly or a member's connection dropped for good (kept for
+        :meth:`find_lost`): cheap enough to ask often."""
         if self.supervise:
             self._dead_children += self.supervise()
-        return bool(self._dead_children)
+        self._unreachable += self.endpoint.unreachable(CONNECTION_GRACE_S)
+        return bool(self._dead_children or self._unreachable)
 
     def forget(self, ident: str) -> None:
         self.workers.pop(ident, None)

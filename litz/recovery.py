@@ -31,9 +31,10 @@ REPLACEMENT_WAIT_S = 15.0
 class RestartRecovery(Exception):
     """Another process was lost while recovering: start over with the processes left."""
 
-    def __init__(self, lost: list[str], message: str):
+    def __init__(self, lost: list[str], message: str, noticed: dict[str, str] | None = None):
         super().__init__(message)
         self.lost = lost  # their ids, for the recovery event
+        self.noticed = noticed or {}  # id -> how the master noticed the loss
 
 
 def warn(text: str) -> None:
@@ -241,6 +242,7 @@ class Recovery:
         size = {"worker": len(m.workers), "server": len(m.servers)} if m.spawn is not None else None
         self.replace(lost)
         lost_ids = [x.ident for x in lost]
+        noticed = {x.ident: x.noticed for x in lost}
         attempts = 0
         while True:
             attempts += 1
@@ -253,13 +255,14 @@ class Recovery:
             except RestartRecovery as exc:
                 warn(f"{exc}; recovery starts over")
                 lost_ids.extend(exc.lost)
+                noticed.update(exc.noticed)
                 checkpoints = self.usable() or checkpoints
             except CorruptCheckpoint as exc:
                 warn(f"checkpoint {ckpt.path} cannot be restored ({exc}); trying the previous one")
                 checkpoints = checkpoints[1:]
                 if not checkpoints:
                     raise LitzError(f"{why}, and no checkpoint could be restored: {exc}") from None
-        m.joblog.event("recovery", checkpoint=ckpt.path, seq=ckpt.seq, lost=lost_ids,
+        m.joblog.event("recovery", checkpoint=ckpt.path, seq=ckpt.seq, lost=lost_ids, noticed=noticed,
                        duration_s=round(time.time() - t0, 4), tasks_completed=m.tasks_completed)
 
     def restore(self, ckpt: Checkpoint, wait_for: dict[str, int] | None = None) -> None:
@@ -351,8 +354,9 @@ class Recovery:
         m.in_flight -= len(again)
         for _, eid, _, args in again:
             m.dispatch_task(eid, args)
-        m.joblog.event("partial_recovery", lost=lost_ids, source=source, shards_restored=len(lost_shards),
-                       tasks_redispatched=len(again), duration_s=round(time.time() - t0, 4))
+        m.joblog.event("partial_recovery", lost=lost_ids, noticed={x.ident: x.noticed for x in lost}, source=source,
+                       shards_restored=len(lost_shards), tasks_redispatched=len(again),
+                       duration_s=round(time.time() - t0, 4))
 
     def replace(self, lost: list[Member]) -> None:
         """Forget the lost processes; a local launcher starts a new one for each."""
@@ -392,8 +396,8 @@ class Recovery:
         lost = self.master.find_lost()
         if lost:
             self.replace(lost)
-            raise RestartRecovery([x.ident for x in lost],
-                                  ", ".join(f"{x.role} {x.ident}" for x in lost) + " was lost during recovery")
+            what = ", ".join(f"{x.role} {x.ident}" for x in lost) + " was lost during recovery"
+            raise RestartRecovery([x.ident for x in lost], what, {x.ident: x.noticed for x in lost})
 
     def on_restored(self, sender: str, error: str | None) -> None:
         if self.restoring is None:

@@ -65,7 +65,7 @@ class Server(Process):
             now = time.time()
             if now - last_check > 1.0:
                 last_check = now
-                if self.membership.lost.is_set() or self.membership.master() is None:
+                if self.membership.evicted() or self.membership.master() is None:
                     break  # master gone or we were declared dead: nothing left to serve
                 self.send("master", (P.STATS, self.stats()))
 

@@ -16,10 +16,12 @@ import os
 import pickle
 import struct
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from . import shmring, wire
 from .security import Authenticator, curve_keypair
@@ -27,6 +29,7 @@ from .security import Authenticator, curve_keypair
 HIGH_WATER_MARK = 1_000_000
 RING_MIN_BYTES = 64 << 10  # below this the cipher costs less than the extra copy and bookkeeping
 RING_BYTES = 32 << 20  # per (sender, receiver) pair; a frame that does not fit goes inline
+WATCHED_RECONNECT_MS = 50  # a watched peer's connection is retried this often after it drops
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 # A message's first frame is a pickle stream (b"\x80...") unless it is one of these.
 _CONTROL = b"LZC"  # ring handshake: pickled (what, ring id, ...)
@@ -66,6 +69,7 @@ class Endpoint:
         self.address = f"tcp://{host}:{port}"
         self._peers: dict[str, zmq.Socket] = {}
         self._addresses: dict[str, str] = {}
+        self._watches: dict[str, list] = {}  # peer -> [monitor socket, dropped at (or None), reported]
         self.pid = os.getpid()
         self._host = host
         self._ring_prefix = ring_prefix(secret)
@@ -77,8 +81,9 @@ class Endpoint:
         self._next_ring = 1
 
     # -- peers ---------------------------------------------------------------------------------------
-    def connect(self, peer: str, address: str) -> None:
-        """Know ``peer`` at ``address`` (reconnects if the address changed)."""
+    def connect(self, peer: str, address: str, watch: bool = False) -> None:
+        """Know ``peer`` at ``address`` (reconnects if the address changed). ``watch``: follow the connection,
+        for :meth:`unreachable`."""
         if self._addresses.get(peer) == address:
             return
         self.disconnect(peer)
@@ -89,15 +94,50 @@ class Endpoint:
         sock.curve_secretkey = self._secret
         sock.sndhwm = HIGH_WATER_MARK
         sock.linger = 2000  # give queued messages (final acks, results) a moment at shutdown
+        if watch:
+            sock.reconnect_ivl = WATCHED_RECONNECT_MS
+            monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+            self._watches[peer] = [monitor, None, False]
         sock.connect(address)
         self._peers[peer] = sock
         self._addresses[peer] = address
 
+    def unreachable(self, grace_s: float) -> list[str]:
+        """Watched peers whose connection dropped and has not come back for ``grace_s``, each reported once.
+
+        A peer process that dies closes its connections at once (its kernel does, whatever killed it), and
+        nothing accepts the retries; a live peer's I/O thread accepts them within a retry interval, however
+        busy its Python thread is. So this tells a dead process from a live one in well under a second,
+        where a registry lease takes seconds. (A lost host closes nothing: the lease still covers that.)"""
+        now, gone = None, []
+        for peer, watch in self._watches.items():
+            while True:
+                try:
+                    event = recv_monitor_message(watch[0], zmq.NOBLOCK)["event"]
+                except zmq.Again:
+                    break
+                now = now or time.monotonic()
+                if event == zmq.EVENT_DISCONNECTED:
+                    watch[1] = watch[1] or now
+                else:  # the handshake of a (re)connection succeeded
+                    watch[1], watch[2] = None, False
+            if watch[1] is not None and not watch[2]:
+                now = now or time.monotonic()
+                if now - watch[1] >= grace_s:
+                    watch[2] = True
+                    gone.append(peer)
+        return gone
+
     def disconnect(self, peer: str) -> None:
         sock = self._peers.pop(peer, None)
         self._addresses.pop(peer, None)
+        watch = self._watches.pop(peer, None)
         if sock is not None:
+            if watch is not None:
+                sock.disable_monitor()
             sock.close(linger=0)
+        if watch is not None:
+            watch[0].close(linger=0)
         self._inline.discard(peer)
         for rings in (self._writers, self._offered, self._readers):
             ring = rings.pop(peer, None)
@@ -251,6 +291,9 @@ class Endpoint:
             for _, ring in rings.values():
                 ring.close()
             rings.clear()
+        for watch in self._watches.values():
+            watch[0].close(linger=0)
+        self._watches.clear()
         for sock in self._peers.values():
             sock.close()
         self._peers.clear()

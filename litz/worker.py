@@ -144,7 +144,7 @@ class Worker(Process):
             now = time.time()
             if now - last_check > 1.0:
                 last_check = now
-                if self.membership.lost.is_set() or self.membership.master() is None:
+                if self.membership.evicted() or self.membership.master() is None:
                     return  # master gone or we were declared dead
                 self.send("master", (P.STATS, self.stats()))
 

@@ -1,5 +1,6 @@
 """Cluster mode with real etcd: roles started separately, joining and leaving, and the ways it can go wrong."""
 import json
+import os
 import signal
 import time
 
@@ -82,3 +83,26 @@ def test_etcd_lost_mid_run_ends_the_job_clearly(etcd):
         assert last.startswith("litz: error: etcd at") and "unreachable" in last, stderr
         for proc in (worker, server):  # they end on their own: told to stop, or they lose the registry
             proc.wait(timeout=30)
+
+
+@pytest.mark.timeout(150)
+def test_killed_worker_and_server_are_noticed_by_their_connections_and_recovered(etcd, tmp_path):
+    """No launcher watches these processes, so before connection watching a loss was noticed only when its
+    registry lease lapsed (seconds); a killed process's connection drops at once and is not taken back."""
+    e, name, out = etcd.endpoint, "cluster-kill", tmp_path / "out.json"
+    with Processes() as procs:
+        workers = [procs.start(role("worker", e, name)) for _ in range(2)]
+        servers = [procs.start(role("server", e, name)) for _ in range(2)]
+        master = procs.start(master_args(e, name, "--min-servers", "2", "--output", str(out), "--checkpoint-dir",
+                                         str(tmp_path / "ckpt"), "--checkpoint-every", "0.3"))
+        st = wait_for(lambda: (s := status(name, e)) and s["checkpoints"] >= 1 and s, 60, "a checkpoint")
+        ids = {p["pid"]: p["id"] for p in st["workers"] + st["servers"]}
+        victims = [workers[1], servers[0]]
+        for proc in victims:
+            os.kill(proc.pid, signal.SIGKILL)
+        stdout, stderr = master.communicate(timeout=120)
+        assert master.returncode == 0, stderr
+    check_result(json.loads(stdout), steps=STEPS_LONG)
+    recoveries = [ev for ev in json.loads(out.read_text())["events"] if ev["kind"] == "recovery"]
+    noticed = {k: v for ev in recoveries for k, v in ev["noticed"].items()}
+    assert noticed == {ids[p.pid]: "connection dropped" for p in victims}, recoveries

@@ -1,4 +1,5 @@
-"""How the master finds lost members: local children seen exiting between checks are not forgotten."""
+"""How the master finds lost members: losses seen between checks (a local child's exit, a connection that
+dropped for good) are not forgotten, each is reported once, and a member found dead is evicted."""
 from types import SimpleNamespace
 
 from litz.master import Master, Member
@@ -15,28 +16,77 @@ class Launcher:
         return out
 
 
+class Connections:
+    """The endpoint's ``unreachable``: reports each peer whose connection dropped for good once."""
+
+    def __init__(self) -> None:
+        self.dropped: list[str] = []
+
+    def unreachable(self, grace_s: float) -> list[str]:
+        out, self.dropped = self.dropped, []
+        return out
+
+
+class Registry:
+    def __init__(self, alive: set[str]) -> None:
+        self.alive, self.evicted = set(alive), []
+
+    def members(self) -> set[str]:
+        return set(self.alive)
+
+    def evict(self, ident: str) -> None:
+        self.evicted.append(ident)
+        self.alive.discard(ident)
+
+
 def master_with(launcher: Launcher, alive: set[str]) -> SimpleNamespace:
     workers = {f"w{i}": Member(f"w{i}", "worker", {"pid": 100 + i}) for i in range(2)}
     servers = {"s0": Member("s0", "server", {"pid": 200})}
-    m = SimpleNamespace(supervise=launcher, _dead_children=[], workers=workers, servers=servers, started=True,
-                        executor_owner=["w0", "w1"], membership=SimpleNamespace(members=lambda: set(alive)))
-    m.children_died = lambda: Master.children_died(m)
+    m = SimpleNamespace(supervise=launcher, _dead_children=[], _unreachable=[], workers=workers, servers=servers,
+                        started=True, executor_owner=["w0", "w1"], membership=Registry(alive),
+                        endpoint=Connections(), retired=[])
+    m.losses_noticed = lambda: Master.losses_noticed(m)
+    m.on_retired = m.retired.append
     return m
 
 
 def test_a_child_seen_exiting_between_checks_is_reported_lost_once():
     launcher = Launcher()
     m = master_with(launcher, alive={"w0", "w1", "s0"})
-    assert not Master.children_died(m)
+    assert not Master.losses_noticed(m)
     launcher.exited.append(("worker", 101, "was killed by signal 9"))
-    assert Master.children_died(m)  # the frequent check sees it; the launcher will not report it again
-    assert Master.children_died(m)  # still pending until find_lost takes it
-    assert [x.ident for x in Master.find_lost(m)] == ["w1"]
+    assert Master.losses_noticed(m)  # the frequent check sees it; the launcher will not report it again
+    assert Master.losses_noticed(m)  # still pending until find_lost takes it
+    lost = Master.find_lost(m)
+    assert [x.ident for x in lost] == ["w1"] and lost[0].noticed == "process was killed by signal 9"
     assert Master.find_lost(m) == []
 
 
 def test_a_lapsed_registration_is_lost_even_without_a_launcher():
     m = master_with(Launcher(), alive={"w0", "s0"})
     m.supervise = None
-    assert not Master.children_died(m)
-    assert [x.ident for x in Master.find_lost(m)] == ["w1"]
+    assert not Master.losses_noticed(m)
+    lost = Master.find_lost(m)
+    assert [x.ident for x in lost] == ["w1"] and lost[0].noticed == "registration lapsed"
+
+
+def test_a_dropped_connection_is_lost_once_and_its_member_evicted():
+    m = master_with(Launcher(), alive={"w0", "w1", "s0"})
+    m.supervise = None
+    m.endpoint.dropped.append("s0")
+    assert Master.losses_noticed(m) and Master.losses_noticed(m)  # pending until find_lost takes it
+    lost = Master.find_lost(m)
+    assert [x.ident for x in lost] == ["s0"] and lost[0].noticed == "connection dropped"
+    assert m.membership.evicted == ["s0"]  # fenced: were it alive after all, it would stop
+    del m.servers["s0"]  # recovery forgets it
+    m.endpoint.dropped.append("s0")  # a late report for a forgotten member
+    assert Master.find_lost(m) == [] and m.membership.evicted == ["s0"]
+
+
+def test_a_retiring_members_dropped_connection_is_not_a_loss():
+    m = master_with(Launcher(), alive={"w0", "w1", "s0"})
+    m.workers["w0"].retire_sent = True  # scale-in: it exits once it has handed everything over
+    m.endpoint.dropped.append("w0")
+    assert Master.find_lost(m) == [] and m.membership.evicted == [] and m.retired == []
+    m.membership.alive.discard("w0")  # then its registration goes: that is the retirement
+    assert Master.find_lost(m) == [] and m.retired == ["w0"]

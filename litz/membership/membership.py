@@ -46,6 +46,7 @@ class Membership:
         self._keeper: threading.Thread | None = None
         self._stop = threading.Event()
         self.lost = threading.Event()  # set if our own lease lapsed (we are considered dead)
+        self._registered: str | None = None  # our member id, once registered
 
     # -- own registration ----------------------------------------------------------------------------
     def _start_keepalive(self) -> Lease:
@@ -84,8 +85,20 @@ class Membership:
         lease = self._start_keepalive()
         info = {**info, "role": role, "id": ident, "pid": os.getpid(), "host": os.uname().nodename}
         self.kv.put(self.prefix + "members/" + ident, info, lease)
+        self._registered = ident
+
+    def evict(self, ident: str) -> None:
+        """Take a member the master found dead out of the registry: should it be alive after all (cut off,
+        not dead), it sees :meth:`evicted` and stops, so no process works on after the job gave up on it."""
+        self.kv.delete(self.prefix + "members/" + ident)
+
+    def evicted(self) -> bool:
+        """Whether our own registration was taken away (see :meth:`evict`) or lapsed."""
+        ident = self._registered
+        return self.lost.is_set() or (ident is not None and self.member(ident) is None)
 
     def unregister(self) -> None:
+        self._registered = None
         self._stop.set()
         if self._lease is not None:
             try:
