@@ -11,6 +11,7 @@ follow it; a shard's old server forwards until every worker has the new map.
 """
 from __future__ import annotations
 
+import os
 import socket
 import time
 import traceback
@@ -35,6 +36,7 @@ from .recovery import CorruptCheckpoint, Recovery, warn
 MEMBERSHIP_CHECK_S = 0.5
 LOSS_CHECK_S = 0.02  # local children's exits and dropped connections: seen at once, not at the next registry read
 CONNECTION_GRACE_S = 0.3  # a member's dropped connection not back after this: its process is gone
+WATCH_CONNECTIONS = os.environ.get("LITZ_CONNECTION_WATCH", "1") != "0"  # off: only leases and local children
 REQUESTS_CHECK_S = 0.05  # litzctl requests, when no wake-up datagram arrives (see open_wake_socket)
 STATUS_EVERY_S = 1.0
 HISTORY_SAMPLES = 3600  # an hour of once-a-second samples for litzctl plot
@@ -420,7 +422,7 @@ class Master(Process):
                 self.rebalance("scale_out", [sender])
 
     def on_hello(self, ident: str, role: str, info: dict) -> None:
-        self.endpoint.connect(ident, info["address"], watch=True)
+        self.endpoint.connect(ident, info["address"], watch=WATCH_CONNECTIONS)
         members = self.workers if role == "worker" else self.servers
         members[ident] = Member(ident, role, {**(self.membership.member(ident) or {}), **info,
                                               "id_taken": self.membership.get(f"ids/{ident}")})
