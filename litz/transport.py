@@ -30,6 +30,10 @@ HIGH_WATER_MARK = 1_000_000
 RING_MIN_BYTES = 64 << 10  # below this the cipher costs less than the extra copy and bookkeeping
 RING_BYTES = 32 << 20  # per (sender, receiver) pair; a frame that does not fit goes inline
 WATCHED_RECONNECT_MS = 50  # a watched peer's connection is retried this often after it drops
+# A watched connection that carries nothing back for this long after a heartbeat is closed (and then counts
+# as dropped): a peer cut off without a reset, or stopped, answers no heartbeat. Its I/O thread answers them,
+# not its Python thread, so a busy peer is not taken for a dead one.
+HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS = 1000, 5000
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 # A message's first frame is a pickle stream (b"\x80...") unless it is one of these.
 _CONTROL = b"LZC"  # ring handshake: pickled (what, ring id, ...)
@@ -96,6 +100,7 @@ class Endpoint:
         sock.linger = 2000  # give queued messages (final acks, results) a moment at shutdown
         if watch:
             sock.reconnect_ivl = WATCHED_RECONNECT_MS
+            sock.heartbeat_ivl, sock.heartbeat_timeout = HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS
             monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
             self._watches[peer] = [monitor, None, False]
         sock.connect(address)
@@ -108,7 +113,9 @@ class Endpoint:
         A peer process that dies closes its connections at once (its kernel does, whatever killed it), and
         nothing accepts the retries; a live peer's I/O thread accepts them within a retry interval, however
         busy its Python thread is. So this tells a dead process from a live one in well under a second,
-        where a registry lease takes seconds. (A lost host closes nothing: the lease still covers that.)"""
+        where a registry lease takes seconds. A peer that closes nothing (a lost host, a cut cable, a stopped
+        process) stops answering heartbeats: its connection is closed after ``HEARTBEAT_TIMEOUT_MS`` and
+        counts from then."""
         now, gone = None, []
         for peer, watch in self._watches.items():
             while True:

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from litz import transport
 from litz.transport import Endpoint
 from tests.helpers import ROOT
 
@@ -22,6 +23,10 @@ PEER = textwrap.dedent("""
     while True:
         if ep.poll(100):
             for sender, msg in ep.drain():
+                if msg[0] == "spin":  # the Python thread busy, the GIL held: only ZeroMQ's I/O thread runs
+                    end = time.time() + msg[1]
+                    while time.time() < end:
+                        pass
                 ep.send(sender, ("echo", msg))
 """)
 
@@ -47,24 +52,28 @@ def stop(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def echo(ep: Endpoint, timeout: float = 10.0) -> None:
+def echo(ep: Endpoint, timeout: float = 10.0, msg: tuple = ("ping",)) -> None:
     """A round trip through the watched connection: its handshake is done."""
-    ep.send("peer", "ping")
+    ep.send("peer", msg)
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if ep.poll(50) and list(ep.drain()) == [("peer", ("echo", "ping"))]:
+        assert ep.unreachable(0.3) == []
+        if ep.poll(50) and list(ep.drain()) == [("peer", ("echo", msg))]:
             return
     pytest.fail("no answer from the peer")
 
 
 @pytest.mark.timeout(60)
-def test_a_killed_peer_is_unreachable_and_a_restarted_one_is_not():
+def test_a_killed_peer_is_unreachable_and_a_busy_or_restarted_one_is_not(monkeypatch):
+    monkeypatch.setattr(transport, "HEARTBEAT_IVL_MS", 100)  # short, so that a busy peer would trip them
+    monkeypatch.setattr(transport, "HEARTBEAT_TIMEOUT_MS", 1000)
     port = free_port()
     ep = Endpoint("master", "job-secret")
     peers = [start_peer(port, ep)]
     try:
         ep.connect("peer", f"tcp://127.0.0.1:{port}", watch=True)
         echo(ep)
+        echo(ep, msg=("spin", 3.0))  # no answer for 3 s, but its I/O thread answers the heartbeats
         grace = 3.0  # generous: a new Python process must bind the port again within it
         stop(peers[0])
         t_kill = time.monotonic()
@@ -86,4 +95,29 @@ def test_a_killed_peer_is_unreachable_and_a_restarted_one_is_not():
     finally:
         for proc in peers:
             stop(proc)
+        ep.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_peer_that_stops_answering_is_unreachable(monkeypatch):
+    """A stopped process keeps its connections open (its kernel acknowledges), like a host cut off without a
+    reset: only the heartbeats tell. Short heartbeats here; the job's are 1 s and 5 s."""
+    monkeypatch.setattr(transport, "HEARTBEAT_IVL_MS", 100)
+    monkeypatch.setattr(transport, "HEARTBEAT_TIMEOUT_MS", 1000)
+    port = free_port()
+    ep = Endpoint("master", "job-secret")
+    peer = start_peer(port, ep)
+    try:
+        ep.connect("peer", f"tcp://127.0.0.1:{port}", watch=True)
+        echo(ep)
+        os.kill(peer.pid, signal.SIGSTOP)
+        t_stop = time.monotonic()
+        gone = []
+        while not gone and time.monotonic() < t_stop + 20:
+            gone = ep.unreachable(0.3)
+            time.sleep(0.02)
+        assert gone == ["peer"]
+        assert time.monotonic() - t_stop >= 1.0  # the heartbeat timeout passed first
+    finally:
+        stop(peer)
         ep.close()
