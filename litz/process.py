@@ -104,6 +104,20 @@ class Process:
             return False
         return True
 
+    def job_goes_on(self) -> bool:
+        """The worker's and server's once-a-second registry check: False once the job is over (its master is
+        gone); raises if the master took this process out of the job while it ran (it lost contact with it,
+        or this process's registration lapsed), so that a supervisor sees a failed process and can start a
+        new one, which joins afresh."""
+        if self.membership.master() is None:
+            return False
+        if self.membership.evicted():
+            if self.membership.master() is None:  # the job ended between the two reads: not an eviction
+                return False
+            raise LitzError(f"{self.role} {self.ident} was taken out of the job: the master lost contact with it "
+                            "or its registration lapsed")
+        return True
+
     def request_drain(self) -> None:
         """Signal-safe: the event loop asks the master to move this process's work away."""
         self.drain_requested = True

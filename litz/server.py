@@ -65,8 +65,8 @@ class Server(Process):
             now = time.time()
             if now - last_check > 1.0:
                 last_check = now
-                if self.membership.evicted() or self.membership.master() is None:
-                    break  # master gone or we were declared dead: nothing left to serve
+                if not self.job_goes_on():
+                    break
                 self.send("master", (P.STATS, self.stats()))
 
     def stats(self) -> dict:

@@ -144,8 +144,8 @@ class Worker(Process):
             now = time.time()
             if now - last_check > 1.0:
                 last_check = now
-                if self.membership.evicted() or self.membership.master() is None:
-                    return  # master gone or we were declared dead
+                if not self.job_goes_on():
+                    return
                 self.send("master", (P.STATS, self.stats()))
 
     def handle(self, sender: str, msg: tuple) -> None:

@@ -1,8 +1,13 @@
 """How the master finds lost members: losses seen between checks (a local child's exit, a connection that
-dropped for good) are not forgotten, each is reported once, and a member found dead is evicted."""
+dropped for good) are not forgotten, each is reported once, and a member found dead is evicted; and how an
+evicted process stops."""
 from types import SimpleNamespace
 
+import pytest
+
+from litz.errors import LitzError
 from litz.master import Master, Member
+from litz.process import Process
 
 
 class Launcher:
@@ -90,3 +95,29 @@ def test_a_retiring_members_dropped_connection_is_not_a_loss():
     assert Master.find_lost(m) == [] and m.membership.evicted == [] and m.retired == []
     m.membership.alive.discard("w0")  # then its registration goes: that is the retirement
     assert Master.find_lost(m) == [] and m.retired == ["w0"]
+
+
+class OwnView:
+    """A worker's view of the registry: the master's key, then whether its own registration is there."""
+
+    def __init__(self, masters: list[bool], evicted: bool) -> None:
+        self.masters, self._evicted = masters, evicted
+
+    def master(self) -> dict | None:
+        return {"pid": 1} if self.masters.pop(0) else None
+
+    def evicted(self) -> bool:
+        return self._evicted
+
+
+def test_an_evicted_process_stops_with_an_error_but_not_when_the_job_ends():
+    me = SimpleNamespace(role="worker", ident="w3")
+    me.membership = OwnView([True], evicted=False)
+    assert Process.job_goes_on(me)
+    me.membership = OwnView([False], evicted=True)  # the job ended: its registry is cleared
+    assert not Process.job_goes_on(me)
+    me.membership = OwnView([True, False], evicted=True)  # it ended between the two reads
+    assert not Process.job_goes_on(me)
+    me.membership = OwnView([True, True], evicted=True)  # the master took it out while the job goes on
+    with pytest.raises(LitzError, match="worker w3 was taken out of the job"):
+        Process.job_goes_on(me)

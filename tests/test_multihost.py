@@ -149,3 +149,43 @@ def test_job_across_hosts_joins_drains_and_survives_a_lost_host(tmp_path):
     check_result(json.loads(stdout), steps=STEPS)
     kinds = [e["kind"] for e in json.loads(out.read_text())["events"]]
     assert "scale_out" in kinds and "scale_in" in kinds and "recovery" in kinds
+
+
+@needs_root_and_ip
+@pytest.mark.timeout(240)
+def test_a_worker_cut_off_from_the_master_but_not_from_etcd_is_evicted_and_stops(tmp_path):
+    """Host 1 loses its route to host 0 (packets dropped, no connection reset) but still reaches etcd, so the
+    worker's lease stays alive: only the master's heartbeats can tell. The master takes it for lost, recovers
+    without it and evicts it; the worker, still running, sees the eviction and stops."""
+    name, out, steps = "partition", tmp_path / "out.json", STEPS // 2
+    with Hosts(2) as hosts:
+        etcd_proc = etcd_on(hosts.gateway, tmp_path)
+        etcd = f"{hosts.gateway}:2379"
+        try:
+            with HostProcesses() as procs:
+                wait_for(lambda: run_cli(["litzctl", "--etcd", etcd, "list"], timeout=30).returncode == 0, 30, "etcd")
+                role = ["--etcd", etcd, "--name", name]
+                master = procs.start(hosts, 0, ["master", app_path("chains"), *role, "--min-workers", "2",
+                                                "--executors", "12", "--checkpoint-dir", str(tmp_path / "ckpt"),
+                                                "--checkpoint-every", "0.5", "--output", str(out), "--no-progress",
+                                                "--config", f"chains={CHAINS}", f"steps={steps}", "sleep=0.002"])
+                procs.start(hosts, 0, ["worker", *role])
+                procs.start(hosts, 0, ["server", *role])
+                cut = procs.start(hosts, 1, ["worker", *role])
+                st = wait_for(lambda: (s := status(name, etcd)) and s["checkpoints"] >= 1 and len(s["workers"]) == 2
+                              and all(w["executors"] for w in s["workers"]) and s, 60, "the job running on 2 hosts")
+                victim = next(w["id"] for w in st["workers"] if hosts.addresses[1] in w["address"])
+                for here, there in ((1, 0), (0, 1)):
+                    sh("ip", "netns", "exec", hosts.names[here], "ip", "route", "add", "blackhole",
+                       f"{hosts.addresses[there]}/32")
+                stdout, stderr = master.communicate(timeout=180)
+                assert master.returncode == 0, stderr
+                _, cut_err = cut.communicate(timeout=30)
+        finally:
+            etcd_proc.kill()
+            etcd_proc.wait()
+    # it stopped on its own, as a failure, and not because the job ended
+    assert cut.returncode == 2 and f"worker {victim} was taken out of the job" in cut_err, cut_err
+    check_result(json.loads(stdout), steps=steps)
+    recoveries = [e for e in json.loads(out.read_text())["events"] if e["kind"] == "recovery"]
+    assert len(recoveries) == 1 and recoveries[0]["noticed"] == {victim: "connection dropped"}, recoveries
