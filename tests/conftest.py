@@ -6,6 +6,8 @@ import time
 import psutil
 import pytest
 
+from tests.helpers import free_port
+
 
 @pytest.fixture(autouse=True)
 def litz_home(tmp_path, monkeypatch):
@@ -55,14 +57,6 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(mnt)])
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class EtcdServer:
     def __init__(self, endpoint: str, proc) -> None:
         self.endpoint, self.proc = endpoint, proc
@@ -76,7 +70,7 @@ def etcd(tmp_path):
 
     binary = shutil.which("etcd")
     assert binary, "etcd is not installed (apt-get install etcd-server; .ci/run does this)"
-    client, peer = _free_port(), _free_port()
+    client, peer = free_port(), free_port()
     proc = subprocess.Popen([binary, "--data-dir", str(tmp_path / "etcd"), "--name", "test",
                              "--listen-client-urls", f"http://127.0.0.1:{client}",
                              "--advertise-client-urls", f"http://127.0.0.1:{client}",

@@ -56,6 +56,15 @@ class Processes:
             proc.wait()
 
 
+def free_port() -> int:
+    """A TCP port on the loopback that nothing listens on right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
     """Poll ``predicate`` until it returns something truthy; fail the test with ``what`` on timeout."""
     import time

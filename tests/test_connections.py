@@ -2,7 +2,6 @@
 drops and nothing accepts the retries; a peer that is back on its address within the grace is not lost."""
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -12,7 +11,7 @@ import pytest
 
 from litz import transport
 from litz.transport import Endpoint
-from tests.helpers import ROOT
+from tests.helpers import ROOT, free_port
 
 PEER = textwrap.dedent("""
     import sys, time
@@ -29,12 +28,6 @@ PEER = textwrap.dedent("""
                         pass
                 ep.send(sender, ("echo", msg))
 """)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_peer(port: int, master: Endpoint) -> subprocess.Popen:

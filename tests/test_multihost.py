@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, app_path, run_cli, wait_for
+from tests.helpers import ROOT, app_path, run_cli, status, wait_for
 from tests.test_elasticity import CHAINS, check_result
 
 STEPS = 800
@@ -94,9 +94,14 @@ def etcd_on(address: str, tmp_path) -> subprocess.Popen:
     return proc
 
 
-def status(name: str, etcd: str) -> dict | None:
-    res = run_cli(["litzctl", "--etcd", etcd, "--name", name, "status", "--json"], timeout=30)
-    return json.loads(res.stdout) if res.returncode == 0 else None
+def start_chains_master(procs: HostProcesses, hosts: Hosts, etcd: str, name: str, tmp_path, out, steps: int,
+                        *extra: str):
+    """Once etcd answers: the chains test app's master on host 0, checkpointing every 0.5 s."""
+    wait_for(lambda: run_cli(["litzctl", "--etcd", etcd, "list"], timeout=30).returncode == 0, 30, "etcd")
+    return procs.start(hosts, 0, ["master", app_path("chains"), "--etcd", etcd, "--name", name, "--min-workers", "2",
+                                  *extra, "--executors", "12", "--checkpoint-dir", str(tmp_path / "ckpt"),
+                                  "--checkpoint-every", "0.5", "--output", str(out), "--no-progress", "--config",
+                                  f"chains={CHAINS}", f"steps={steps}", "sleep=0.002"])
 
 
 def hosts_of(st: dict) -> set[str]:
@@ -116,13 +121,8 @@ def test_job_across_hosts_joins_drains_and_survives_a_lost_host(tmp_path):
         etcd = f"{hosts.gateway}:2379"
         try:
             with HostProcesses() as procs:
-                wait_for(lambda: run_cli(["litzctl", "--etcd", etcd, "list"], timeout=30).returncode == 0, 30, "etcd")
+                master = start_chains_master(procs, hosts, etcd, name, tmp_path, out, STEPS, "--min-servers", "2")
                 role = ["--etcd", etcd, "--name", name]
-                master = procs.start(hosts, 0, ["master", app_path("chains"), *role, "--min-workers", "2",
-                                                "--min-servers", "2", "--executors", "12", "--checkpoint-dir",
-                                                str(tmp_path / "ckpt"), "--checkpoint-every", "0.5", "--output",
-                                                str(out), "--no-progress", "--config", f"chains={CHAINS}",
-                                                f"steps={STEPS}", "sleep=0.002"])
                 for host in (0, 1):
                     procs.start(hosts, host, ["worker", *role])
                     procs.start(hosts, host, ["server", *role])
@@ -163,12 +163,8 @@ def test_a_worker_cut_off_from_the_master_but_not_from_etcd_is_evicted_and_stops
         etcd = f"{hosts.gateway}:2379"
         try:
             with HostProcesses() as procs:
-                wait_for(lambda: run_cli(["litzctl", "--etcd", etcd, "list"], timeout=30).returncode == 0, 30, "etcd")
+                master = start_chains_master(procs, hosts, etcd, name, tmp_path, out, steps)
                 role = ["--etcd", etcd, "--name", name]
-                master = procs.start(hosts, 0, ["master", app_path("chains"), *role, "--min-workers", "2",
-                                                "--executors", "12", "--checkpoint-dir", str(tmp_path / "ckpt"),
-                                                "--checkpoint-every", "0.5", "--output", str(out), "--no-progress",
-                                                "--config", f"chains={CHAINS}", f"steps={steps}", "sleep=0.002"])
                 procs.start(hosts, 0, ["worker", *role])
                 procs.start(hosts, 0, ["server", *role])
                 cut = procs.start(hosts, 1, ["worker", *role])
