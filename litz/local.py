@@ -15,6 +15,7 @@ from typing import Any
 
 from . import shmring
 from .errors import LitzError
+from .forkserver import ForkServer, exec_spawn, spawn_args
 from .job import JOB_OPTIONS, default_name, positive_int, resolve_app, run_job
 from .membership import Membership, connect_kv
 from .membership.membership import litz_home
@@ -27,25 +28,30 @@ ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM
 
 
 class LocalProcesses:
-    """The child processes of a local job."""
+    """The child processes of a local job: forks of a fork server (see :mod:`litz.forkserver`), or fresh
+    interpreters with ``LITZ_SPAWN=exec``."""
 
     def __init__(self, name: str, home: str, secret: str, etcd: str | None = None,
                  server_memory_limit: int | None = None):
         self.name, self.home, self.etcd = name, home, etcd
         self.server_memory_limit = server_memory_limit
-        self.env = {**ONE_BLAS_THREAD, **os.environ, "LITZ_SECRET": secret, "LITZ_PARENT_PID": str(os.getpid())}
+        user_blas = {k: os.environ[k] for k in ONE_BLAS_THREAD if k in os.environ}
+        self.env = {**ONE_BLAS_THREAD, **user_blas, "LITZ_SECRET": secret, "LITZ_PARENT_PID": str(os.getpid())}
         self.ring_prefix = ring_prefix(secret)
-        self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.procs: list[tuple[str, Any]] = []
         self.reported: set[int] = set()
         self.stopping = False
+        forking = os.environ.get("LITZ_SPAWN", "fork") != "exec"
+        self.forks = ForkServer.start(f"litz forkserver --name {name}") if forking else None
 
-    def start(self, role: str) -> subprocess.Popen:
-        cmd = [sys.executable, "-m", "litz.cli.litz", role, "--name", self.name, "--home", self.home]
-        if self.etcd:
-            cmd += ["--etcd", self.etcd]
-        if role == "server" and self.server_memory_limit:
-            cmd += ["--memory-limit", str(self.server_memory_limit)]
-        proc = subprocess.Popen(cmd, env=self.env, stdin=subprocess.DEVNULL)
+    def start(self, role: str) -> Any:
+        limit = self.server_memory_limit if role == "server" else None
+        extra = ["--memory-limit", str(limit)] if limit else []
+        argv = spawn_args(role, self.name, self.home, self.etcd, extra)
+        if self.forks is not None:
+            proc = self.forks.spawn(argv, self.env, f"litz {role} --name {self.name}")
+        else:
+            proc = exec_spawn(argv, self.env)
         self.procs.append((role, proc))
         return proc
 
@@ -76,7 +82,13 @@ class LocalProcesses:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        self.close_forks()
         shmring.remove_all(self.ring_prefix)  # rings a killed child offered and nobody mapped
+
+    def close_forks(self) -> None:
+        if self.forks is not None:
+            self.forks.close()
+            self.forks = None
 
 
 def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = None,
@@ -98,21 +110,25 @@ def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = No
     unknown = set(options) - JOB_OPTIONS
     if unknown:
         raise LitzError(f"unknown option(s): {', '.join(sorted(unknown))}")
-    app = resolve_app(app)
+    app = resolve_app(app)  # imported here, so the forked children have it too
     home = options.pop("home", None) or litz_home()
     etcd = options.pop("etcd", None)
     name = options.pop("name", None) or default_name(app)
-    membership = Membership(connect_kv(etcd, home), name)
     secret = new_secret()
+    # before anything of this job starts a thread (an etcd client does): the fork server is forked now
     children = LocalProcesses(name, home, secret, etcd, options.pop("server_memory_limit", None))
-    if options.get("progress") is None:
-        options["progress"] = sys.stderr.isatty()
+    try:
+        membership = Membership(connect_kv(etcd, home), name)
+        if options.get("progress") is None:
+            options["progress"] = sys.stderr.isatty()
 
-    def start_children() -> None:
-        for role, count in (("server", servers), ("worker", workers)):
-            for _ in range(count):
-                children.start(role)
+        def start_children() -> None:
+            for role, count in (("server", servers), ("worker", workers)):
+                for _ in range(count):
+                    children.start(role)
 
-    return run_job(app, membership, secret, config=config, executors=executors, min_workers=workers,
-                   min_servers=servers, supervise=children.dead, spawn=children.start, on_registered=start_children,
-                   on_exit=children.stop, **options)
+        return run_job(app, membership, secret, config=config, executors=executors, min_workers=workers,
+                       min_servers=servers, supervise=children.dead, spawn=children.start,
+                       on_registered=start_children, on_exit=children.stop, **options)
+    finally:
+        children.close_forks()  # when the job never started its children (refused, bad etcd address)

@@ -167,7 +167,7 @@ class PeakWorkerRSS:
         while not self._stop.is_set():
             for p in psutil.Process().children(recursive=True):
                 try:
-                    if "worker" in p.cmdline():
+                    if "worker" in " ".join(p.cmdline()).split():  # fresh interpreter or fork (one title)
                         with open(f"/proc/{p.pid}/status") as f:
                             hwm = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmHWM"))
                         self.peaks[p.pid] = max(self.peaks.get(p.pid, 0), hwm)

@@ -66,11 +66,11 @@ def test_a_server_lost_during_a_workers_recovery_restarts_it(tmp_path):
         st = wait_for(lambda: (s := status(name)) and s["checkpoints"] >= 1 and s, 30, "a first checkpoint")
         pids = {m["id"]: m["pid"] for m in st["workers"] + st["servers"]}
         launcher = psutil.Process(job.pid)
-        before = {p.pid for p in launcher.children()}
+        before = {p.pid for p in launcher.children(recursive=True)}  # workers are the fork server's children
         os.kill(pids["w1"], signal.SIGKILL)
         # the replacement is started when the recovery begins; it loads its executors' input (0.1 s each)
-        wait_for(lambda: [p for p in launcher.children() if p.pid not in before], 30, "a replacement worker",
-                 interval=0.005)
+        wait_for(lambda: [p for p in launcher.children(recursive=True) if p.pid not in before], 30,
+                 "a replacement worker", interval=0.005)
         os.kill(pids["s0"], signal.SIGKILL)
         stdout, stderr = job.communicate(timeout=120)
         assert job.returncode == 0, stderr

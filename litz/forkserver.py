@@ -1,0 +1,282 @@
+"""Starting a local job's workers and servers as forks of the launcher instead of fresh interpreters.
+
+A fresh interpreter imports litz, numpy, ZeroMQ and then the app (numba alone: 0.3 s) before it can work:
+about 0.45 s of CPU a process, most of a short job's start on a 2-core machine. The launcher has all of it
+imported already (the app too: ``litz.run`` loads it first), so its forks start in milliseconds, and they
+share the launcher's memory until they write to it.
+
+Forking a process that runs threads is unsafe: a lock another thread holds stays locked in the child. The
+master starts threads (ZAP authentication, the lease keeper, ZeroMQ's I/O threads), so the launcher forks
+one *fork server* before any of them exist. It has one thread and no sockets; it forks every worker and
+server on request, and, being their parent, reaps them and reports how each one ended.
+
+``LITZ_SPAWN=exec`` starts fresh interpreters instead (``python -m litz.cli.litz worker ...``), for a
+launcher whose state should not be inherited (one holding a GPU context, say).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from multiprocessing.connection import Connection, Pipe
+from typing import Any
+
+from .errors import LitzError
+from .process import die_with_parent
+
+# Exported symbols that set OpenBLAS's thread count: numpy's and scipy's wheels rename them.
+_BLAS_THREAD_SETTERS = ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_",
+                        "scipy_openblas_set_num_threads", "openblas_set_num_threads64_")
+
+
+def _blas_libraries() -> list[ctypes.CDLL]:
+    """The BLAS libraries loaded in this process (numpy's and scipy's OpenBLAS builds)."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "blas" in line and ".so" in line}
+    except OSError:
+        return []
+    libs = []
+    for path in sorted(paths):
+        try:
+            libs.append(ctypes.CDLL(path))
+        except OSError:
+            pass
+    return libs
+
+
+def set_blas_threads(count: int) -> None:
+    """``count`` BLAS threads in this process, for the libraries already loaded: they read their thread count
+    from the environment when they were loaded, so setting ``OPENBLAS_NUM_THREADS`` in a fork changes nothing."""
+    for lib in _blas_libraries():
+        for name in _BLAS_THREAD_SETTERS:
+            setter = getattr(lib, name, None)
+            if setter is not None:
+                setter(count)
+
+
+def blas_threads() -> list[int]:
+    """The thread count of each loaded BLAS library."""
+    counts = []
+    for lib in _blas_libraries():
+        for name in _BLAS_THREAD_SETTERS:
+            getter = getattr(lib, name.replace("_set_", "_get_"), None)
+            if getter is not None:
+                counts.append(int(getter()))
+                break
+    return counts
+
+
+class ForkedProcess:
+    """A child of the fork server, with the part of :class:`subprocess.Popen`'s interface a launcher uses."""
+
+    def __init__(self, server: ForkServer, pid: int):
+        self.server, self.pid = server, pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.server.collect(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(f"process {self.pid}", timeout or 0)
+            self.server.collect(0.05 if left is None else min(left, 0.05))
+        return self.returncode  # type: ignore[return-value]
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class ForkServer:
+    """The launcher's side: start one with :meth:`start` while the launcher has no thread of its own yet."""
+
+    def __init__(self, conn: Connection, pid: int):
+        self.conn, self.pid = conn, pid
+        self.children: dict[int, ForkedProcess] = {}
+        self.lock = threading.Lock()
+        self.closed = False
+
+    @classmethod
+    def start(cls, title: str) -> ForkServer:
+        ours, theirs = Pipe(duplex=True)
+        sys.stdout.flush()  # or the fork writes what the launcher had buffered a second time
+        sys.stderr.flush()
+        launcher = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                ours.close()
+                _set_title(title)
+                _serve(theirs, launcher)
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            finally:
+                os._exit(code)
+        theirs.close()
+        return cls(ours, pid)
+
+    def spawn(self, argv: list[str], env: dict[str, str], title: str) -> ForkedProcess:
+        """Fork a child that runs ``litz`` with ``argv`` (as ``python -m litz.cli.litz`` would) in ``env``."""
+        with self.lock:
+            if self.closed:
+                raise LitzError("the fork server has stopped")
+            try:
+                self.conn.send(("spawn", argv, env, title))
+            except OSError as exc:
+                raise LitzError(f"the fork server is gone: {exc}") from None
+            while True:
+                msg = self._receive(10.0)
+                if msg is None:
+                    raise LitzError("the fork server did not answer within 10 s")
+                if msg[0] == "started":
+                    child = self.children[msg[1]] = ForkedProcess(self, msg[1])
+                    return child
+                self._handle(msg)
+
+    def collect(self, timeout: float) -> None:
+        """Take the exit reports that arrived (waiting up to ``timeout`` seconds for the first)."""
+        with self.lock:
+            msg = self._receive(timeout)
+            while msg is not None:
+                self._handle(msg)
+                msg = self._receive(0)
+
+    def _receive(self, timeout: float) -> tuple | None:
+        try:
+            if self.conn.poll(timeout):
+                return self.conn.recv()
+        except (EOFError, OSError):
+            self._server_gone()
+        return None
+
+    def _handle(self, msg: tuple) -> None:
+        if msg[0] == "exited":
+            child = self.children.get(msg[1])
+            if child is not None:
+                child.returncode = msg[2]
+
+    def _server_gone(self) -> None:
+        """The fork server died: its children died with it (their parent-death signal)."""
+        for child in self.children.values():
+            if child.returncode is None:
+                child.returncode = -signal.SIGKILL
+        self.closed = True
+
+    def close(self) -> None:
+        """End the fork server (its children end with it) and reap it."""
+        with self.lock:
+            if not self.closed:
+                self.closed = True
+                try:
+                    self.conn.send(("stop",))
+                except OSError:
+                    pass
+            self.conn.close()
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+
+
+# -- the fork server's side -------------------------------------------------------------------------------
+def _serve(conn: Connection, launcher: int) -> None:
+    """Fork on request, report each child's pid and, when it ends, its exit code (as Popen's returncode)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle: it stops the job
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the launcher's handler: its end ends this process
+    die_with_parent()
+    if os.getppid() != launcher:
+        return
+    set_blas_threads(int(os.environ.get("OPENBLAS_NUM_THREADS") or 1))
+    pidfds: dict[int, int] = {}  # pidfd -> pid
+    while True:
+        ready, _, _ = select.select([conn.fileno(), *pidfds], [], [])
+        for fd in ready:
+            if fd in pidfds:
+                pid = pidfds.pop(fd)
+                os.close(fd)
+                _, status = os.waitpid(pid, 0)
+                conn.send(("exited", pid, os.waitstatus_to_exitcode(status)))
+        if conn.fileno() in ready:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                return
+            if msg[0] == "stop":
+                return
+            _, argv, env, title = msg
+            pid = os.fork()
+            if pid == 0:
+                _child(conn, pidfds, argv, env, title)
+            pidfds[os.pidfd_open(pid)] = pid
+            conn.send(("started", pid))
+
+
+def _child(conn: Connection, pidfds: dict[int, int], argv: list[str], env: dict[str, str], title: str) -> None:
+    code = 1
+    try:
+        conn.close()
+        for fd in pidfds:
+            os.close(fd)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
+        os.environ.update(env)
+        os.environ["LITZ_PARENT_PID"] = str(os.getppid())
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        _set_title(title)
+        from .cli.litz import main
+
+        code = main(argv)
+    except SystemExit as exc:  # argparse
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _set_title(title: str) -> None:
+    """What ``ps`` shows for the child: its role and job, not the launcher's command line."""
+    try:
+        import setproctitle
+    except ImportError:
+        return
+    setproctitle.setproctitle(title)
+
+
+def spawn_args(role: str, name: str, home: str, etcd: str | None, extra: list[str]) -> list[str]:
+    """The ``litz`` arguments of a local child (``litz worker --name ...``)."""
+    argv = [role, "--name", name, "--home", home]
+    if etcd:
+        argv += ["--etcd", etcd]
+    return argv + extra
+
+
+def exec_spawn(argv: list[str], env: dict[str, str]) -> Any:
+    """A fresh interpreter (``LITZ_SPAWN=exec``)."""
+    return subprocess.Popen([sys.executable, "-m", "litz.cli.litz", *argv], env={**os.environ, **env},
+                            stdin=subprocess.DEVNULL)

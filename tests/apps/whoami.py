@@ -1,0 +1,27 @@
+"""Test app: every executor reports the facts of the process it runs in (one task each)."""
+import os
+
+import litz
+from litz.forkserver import blas_threads
+
+
+class WhoAmI(litz.Driver):
+    def dispatch_initial_tasks(self):
+        self.results = []
+        for e in range(self.num_executors):
+            self.dispatch_task(e, e)
+
+    def handle_task_completion(self, result):
+        self.results.append(result)
+        if len(self.results) == self.num_executors:
+            self.finish(self.results)
+
+
+class WhoAmIExecutor(litz.Executor):
+    def run_task(self, args):
+        with open("/proc/self/cmdline", "rb") as f:
+            cmdline = f.read().replace(b"\0", b" ").decode().strip()
+        with open(f"/proc/{os.getppid()}/stat") as f:
+            grandparent = int(f.read().rsplit(")", 1)[1].split()[1])
+        return {"pid": os.getpid(), "ppid": os.getppid(), "grandparent": grandparent, "cmdline": cmdline,
+                "blas_threads": blas_threads(), "secret_set": bool(os.environ.get("LITZ_SECRET"))}

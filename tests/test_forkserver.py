@@ -1,0 +1,63 @@
+"""Local children as forks of a fork server (litz.forkserver), and LITZ_SPAWN=exec's fresh interpreters."""
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+import litz
+from litz.forkserver import ForkServer, blas_threads, set_blas_threads
+from tests.helpers import app_path, wait_for
+
+
+@pytest.fixture
+def launcher_blas_threads():
+    """The launcher runs BLAS with 2 threads, so a worker's single thread is the launcher's doing, not the default."""
+    before = blas_threads()
+    if not before:
+        pytest.skip("no OpenBLAS loaded in this process")
+    set_blas_threads(2)
+    yield
+    set_blas_threads(before[0])
+
+
+def test_children_are_forks_of_one_fork_server_named_for_their_role(launcher_blas_threads):
+    facts = litz.run(app_path("whoami"), workers=2, servers=1, executors=4, name="forked-job")
+    assert len({f["pid"] for f in facts}) == 2, "4 executors on 2 worker processes"
+    fork_servers = {f["ppid"] for f in facts}
+    assert len(fork_servers) == 1 and os.getpid() not in fork_servers, "workers are forked by the fork server"
+    assert {f["grandparent"] for f in facts} == {os.getpid()}, "the fork server is the launcher's child"
+    assert all(f["cmdline"] == "litz worker --name forked-job" for f in facts), facts
+    assert all(f["blas_threads"] and set(f["blas_threads"]) == {1} for f in facts), facts
+    assert all(f["secret_set"] for f in facts)
+    assert blas_threads()[0] == 2, "the launcher keeps its own BLAS threads"
+
+
+def test_litz_spawn_exec_starts_fresh_interpreters(monkeypatch, launcher_blas_threads):
+    monkeypatch.setenv("LITZ_SPAWN", "exec")
+    facts = litz.run(app_path("whoami"), workers=2, servers=1, executors=2, name="exec-job")
+    assert {f["ppid"] for f in facts} == {os.getpid()}
+    assert all("-m litz.cli.litz worker --name exec-job" in f["cmdline"] for f in facts), facts
+    assert all(set(f["blas_threads"]) == {1} for f in facts), "OPENBLAS_NUM_THREADS=1 in their environment"
+
+
+def test_the_fork_server_reports_how_each_child_ended_and_takes_the_rest_with_it(tmp_path):
+    import psutil
+
+    forks = ForkServer.start("litz forkserver --name nobody")
+    try:
+        role = ["worker", "--name", "nobody", "--home", str(tmp_path)]
+        waiting = forks.spawn(role + ["--start-timeout", "60"], {}, "litz worker --name nobody")
+        killed = forks.spawn(role + ["--start-timeout", "60"], {}, "litz worker --name nobody")
+        failing = forks.spawn(role + ["--start-timeout", "0.2"], {}, "litz worker --name nobody")
+        assert failing.wait(30) == 2, "no master came: `litz: error: ...`, exit code 2"
+        os.kill(killed.pid, signal.SIGKILL)
+        assert killed.wait(10) == -signal.SIGKILL
+        assert waiting.poll() is None
+        child = psutil.Process(waiting.pid)
+        assert child.ppid() == forks.pid
+    finally:
+        forks.close()
+    assert wait_for(lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, 10,
+                    "the fork server's last child to end with it")
