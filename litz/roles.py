@@ -39,6 +39,8 @@ def serve(role: str, name: str, *, etcd: str | None = None, home: str | None = N
         die_with_parent()
         if os.getppid() != int(os.environ["LITZ_PARENT_PID"]):
             return  # the launcher is already gone
+        # Ctrl-C reaches the whole process group; the launcher stops the job and says so, once
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     from .server import Server
     from .worker import Worker
 
