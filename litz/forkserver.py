@@ -11,7 +11,9 @@ one *fork server* before any of them exist. It has one thread and no sockets; it
 server on request, and, being their parent, reaps them and reports how each one ended.
 
 ``LITZ_SPAWN=exec`` starts fresh interpreters instead (``python -m litz.cli.litz worker ...``), for a
-launcher whose state should not be inherited (one holding a GPU context, say).
+launcher whose state should not be inherited (one holding a GPU context, or a large heap it keeps
+changing while the job runs: the fork server keeps the pages as they were). Without pidfds (Linux before
+5.3) Litz starts fresh interpreters too.
 """
 from __future__ import annotations
 
@@ -113,6 +115,15 @@ class ForkServer:
         self.children: dict[int, ForkedProcess] = {}
         self.lock = threading.Lock()
         self.closed = False
+
+    @staticmethod
+    def supported() -> bool:
+        """Linux 5.3 or later (pidfds, which tell the fork server when a child ends)."""
+        try:
+            os.close(os.pidfd_open(os.getpid()))
+            return True
+        except (AttributeError, OSError):
+            return False
 
     @classmethod
     def start(cls, title: str) -> ForkServer:
@@ -237,7 +248,7 @@ def _child(conn: Connection, pidfds: dict[int, int], argv: list[str], env: dict[
         conn.close()
         for fd in pidfds:
             os.close(fd)
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
+        # SIGINT stays ignored, as in the fork server: Ctrl-C is the launcher's (see roles.serve)
         os.environ.update(env)
         os.environ["LITZ_PARENT_PID"] = str(os.getppid())
         null = os.open(os.devnull, os.O_RDONLY)

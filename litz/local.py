@@ -41,7 +41,7 @@ class LocalProcesses:
         self.procs: list[tuple[str, Any]] = []
         self.reported: set[int] = set()
         self.stopping = False
-        forking = os.environ.get("LITZ_SPAWN", "fork") != "exec"
+        forking = os.environ.get("LITZ_SPAWN", "fork") != "exec" and ForkServer.supported()
         self.forks = ForkServer.start(f"litz forkserver --name {name}") if forking else None
 
     def start(self, role: str) -> Any:

@@ -8,7 +8,7 @@ import pytest
 
 import litz
 from litz.forkserver import ForkServer, blas_threads, set_blas_threads
-from tests.helpers import Processes, app_path, wait_for
+from tests.helpers import Processes, app_path, status, wait_for
 
 
 @pytest.fixture
@@ -69,17 +69,17 @@ def test_ctrl_c_stops_every_process_and_says_so_once(spawn):
     """Ctrl-C reaches the whole process group: the launcher stops the job; its children do not also report."""
     import psutil
 
+    name = f"ctrl-c-{spawn}"
     with Processes() as procs:
-        job = procs.start(["litz", "run", "apps.mlr", "--config", "synthetic=1", "epochs=500", "--no-progress"],
-                          env={**os.environ, "LITZ_SPAWN": spawn})
-        launcher = psutil.Process(job.pid)
-        workers = wait_for(lambda: [p for p in launcher.children(recursive=True)
-                                    if "worker" in " ".join(p.cmdline()).split()], 30, "the workers")
-        everyone = launcher.children(recursive=True)
+        job = procs.start(["litz", "run", "apps.mlr", "--name", name, "--config", "synthetic=1", "epochs=500",
+                           "--no-progress"], env={**os.environ, "LITZ_SPAWN": spawn})
+        wait_for(lambda: (s := status(name)) and s["state"] == "running" and len(s["workers"]) == 2, 30,
+                 "the job to run")
+        everyone = psutil.Process(job.pid).children(recursive=True)
         os.killpg(job.pid, signal.SIGINT)
         _, stderr = job.communicate(timeout=30)
     assert job.returncode == 130, stderr
     assert stderr.count("interrupted") == 1, stderr
-    assert len(workers) == 2 and len(everyone) == (4 if spawn == "fork" else 3)
+    assert len(everyone) == (4 if spawn == "fork" else 3), "a fork server (fork), a server and two workers"
     assert wait_for(lambda: all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in everyone), 10,
                     "every process of the job to end")
