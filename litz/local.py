@@ -1,8 +1,10 @@
 """One-machine jobs: the master runs in this process, workers and servers as child processes.
 
-Membership uses the directory registry (``$LITZ_HOME``) unless ``etcd`` is given, so ``litzctl`` finds
-local jobs the same way it finds cluster jobs. Children die with their launcher (PR_SET_PDEATHSIG), and
-the launcher ends them on every way out: finish, error, Ctrl-C.
+The children are forks of a fork server (:mod:`litz.forkserver`) made before the job starts, or fresh
+interpreters with ``LITZ_SPAWN=exec``. Membership uses the directory registry (``$LITZ_HOME``) unless
+``etcd`` is given, so ``litzctl`` finds local jobs the same way it finds cluster jobs. Children die with
+their launcher (PR_SET_PDEATHSIG, through the fork server), and the launcher ends them on every way out:
+finish, error, Ctrl-C.
 """
 from __future__ import annotations
 
