@@ -255,6 +255,9 @@ def _child(conn: Connection, pidfds: dict[int, int], argv: list[str], env: dict[
         os.dup2(null, 0)
         os.close(null)
         _set_title(title)
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:  # each fresh interpreter draws its own seed; numpy < 2 does not reseed forks
+            numpy.random.seed()
         from .cli.litz import main
 
         code = main(argv)

@@ -31,6 +31,9 @@ def test_children_are_forks_of_one_fork_server_named_for_their_role(launcher_bla
     assert all(f["cmdline"] == "litz worker --name forked-job" for f in facts), facts
     assert all(f["blas_threads"] and set(f["blas_threads"]) == {1} for f in facts), facts
     assert all(f["secret_set"] for f in facts)
+    by_process = {f["pid"]: f["global_random"] for f in facts}
+    # numpy 2 reseeds its global generator in a fork itself; with numpy 1 this is the fork server's reseed
+    assert len(set(by_process.values())) == 2, "each worker has its own numpy global random stream"
     assert blas_threads()[0] == 2, "the launcher keeps its own BLAS threads"
 
 

@@ -1,6 +1,8 @@
 """Test app: every executor reports the facts of the process it runs in (one task each)."""
 import os
 
+import numpy as np
+
 import litz
 from litz.forkserver import blas_threads
 
@@ -24,4 +26,5 @@ class WhoAmIExecutor(litz.Executor):
         with open(f"/proc/{os.getppid()}/stat") as f:
             grandparent = int(f.read().rsplit(")", 1)[1].split()[1])
         return {"pid": os.getpid(), "ppid": os.getppid(), "grandparent": grandparent, "cmdline": cmdline,
-                "blas_threads": blas_threads(), "secret_set": bool(os.environ.get("LITZ_SECRET"))}
+                "blas_threads": blas_threads(), "secret_set": bool(os.environ.get("LITZ_SECRET")),
+                "global_random": int(np.random.randint(2**62))}
