@@ -33,13 +33,14 @@ gradient descent with a constant step size, deterministic (an iteration is a fix
    step;
  * **full recovery**: every row reverts to the checkpoint (traditional recovery, the baseline);
  * **partial recovery**: only the lost rows revert to it;
- * **priority checkpoints**: every ``rC`` iterations the fraction ``r`` of all rows is saved into a running
-   checkpoint (initialised with ``W0``). As in the thesis (§5.4.3) the choice is global, the coordinator's
-   top r of all distances (``litz.scar.select_priority`` over all rows), or round-robin, or uniformly at
-   random (Fig. 5.9); Litz's jobs choose the same way (``litz.scar.global_top_counts``) since 2026-11-24.
-   ``priority-server`` (1/8 only) picks the top r of each server's rows, as Litz's servers did before. 1/2 of
-   the parameters lost, lost rows restored from the running checkpoint, the rest kept. ``r = 1`` is partial
-   recovery with full checkpoints. Every ``r`` writes the same number of rows per ``C`` iterations;
+ * **priority checkpoints**: every ``rC`` iterations the fraction ``r`` of all parameters is saved into a
+   running checkpoint (initialised with ``W0``). As in the thesis (§5.4.3) the choice is global: priority
+   takes the top r of all weights by how far each moved since it was saved (``litz.scar.element_distances``,
+   as Litz's servers measure since 2026-11-25; the thesis ranks parameters, not blocks of them), round-robin
+   and random go over rows (Fig. 5.9). ``priority-key`` (1/8 only) takes the top r of whole rows (keys, as
+   Litz did until 2026-11-25). 1/2 of the parameters lost (the rows of 4 servers: a server holds keys),
+   those rows restored from the running checkpoint, the rest kept. ``r = 1`` is partial recovery with full
+   checkpoints. Every ``r`` writes the same number of parameters per ``C`` iterations;
  * rework = ``T - 1`` (the iterations done before the failure) + the iterations from the recovered state to
    the threshold - 60 (thesis §5.3: iterations to converge with the perturbation minus without).
 
@@ -78,7 +79,7 @@ import _table
 import numpy as np
 
 from apps.mlr.data import synthetic_rows
-from litz.scar import select_priority
+from litz.scar import element_distances, farthest, select_priority, top_count
 
 NAME = "scar_rework"
 SERVERS = 8  # simulated parameter servers
@@ -286,11 +287,11 @@ def lost_rows(trial: Trial, fraction: float) -> np.ndarray:
 
 def running_checkpoint(traj: np.ndarray, trial: Trial, r: float, strategy: str,
                        rng: np.random.Generator) -> np.ndarray:
-    """The running checkpoint at the failure: starts as W_0; every rC iterations the fraction r of all rows is
-    saved into it. As in the thesis (§5.4.3), the choice is global: the checkpoint coordinator takes the top r
-    of every server's distances (priority: ``litz.scar.select_priority`` over all rows), or goes round-robin
-    over all rows, or picks uniformly at random. ``priority-server`` is what Litz's servers did until 2026-11-24:
-    each server picks the top r of its own rows (about the same for a uniform random partition)."""
+    """The running checkpoint at the failure: starts as W_0; every rC iterations the fraction r of all parameters
+    is saved into it. As in the thesis (§5.4.3), the choice is global: priority takes the top r of all values
+    (weights) by how far each moved since it was saved (``litz.scar.element_distances``, what Litz's servers
+    measure since 2026-11-25); ``priority-key`` the top r of whole rows (``litz.scar.select_priority``, Litz
+    until then); round-robin goes over all rows; random picks rows uniformly at random."""
     period = max(1, round(r * C))
     saved = traj[0].copy()
     order = trial.partition.ravel()  # round-robin order: a random permutation of the rows
@@ -298,11 +299,13 @@ def running_checkpoint(traj: np.ndarray, trial: Trial, r: float, strategy: str,
     cursor = 0
     for t in range(period, trial.T, period):
         W = traj[t]
-        if strategy == "priority":
+        if strategy == "priority":  # the values (elements) that moved farthest, as Litz's servers pick them
+            dist = element_distances(W, saved)
+            at = farthest(dist, top_count(r, len(dist)))
+            saved.flat[at] = W.flat[at]
+            continue
+        if strategy == "priority-key":  # whole rows (keys), as Litz did until 2026-11-25
             keys = select_priority({q: W[q] for q in range(len(W))}, {q: saved[q] for q in range(len(W))}, r)
-        elif strategy == "priority-server":
-            keys = [k for rows in trial.partition
-                    for k in select_priority({int(q): W[q] for q in rows}, {int(q): saved[q] for q in rows}, r)]
         elif strategy == "round":
             keys = [int(order[(cursor + j) % len(order)]) for j in range(count)]
             cursor += count
@@ -321,7 +324,7 @@ def start_states(traj: np.ndarray, trials: list[Trial], seed: int) -> dict[str, 
         saved[f"partial {label}"] = saved["full"]
         lost[f"partial {label}"] = [lost_rows(t, frac) for t in trials]
     for r, label in RATES:
-        for strategy in STRATEGIES + (("priority-server",) if r == PRIORITY_R else ()):
+        for strategy in STRATEGIES + (("priority-key",) if r == PRIORITY_R else ()):
             rng = np.random.default_rng([seed, 9, round(1 / r)])
             saved[f"{strategy} {label}"] = [running_checkpoint(traj, t, r, strategy, rng) for t in trials]
             lost[f"{strategy} {label}"] = [lost_rows(t, 0.5) for t in trials]
@@ -698,9 +701,10 @@ def main() -> int:
                       "optimizer": "gradient descent, constant step, float32; an iteration is one pass over the "
                                    "data: MNIST 6 mini-batch steps (fixed split and order), the others one "
                                    "full-batch step",
-                      "priority_selection": "litz.scar.select_priority over all rows (the thesis' coordinator); "
-                                            "'priority-server': per server, as Litz's servers did until "
-                                            "2026-11-24",
+                      "priority_selection": "the top r of all weights by distance from their saved value "
+                                            "(litz.scar.element_distances, the thesis' coordinator); "
+                                            "'priority-key': the top r of whole rows (litz.scar.select_priority),"
+                                            " as Litz did until 2026-11-25",
                       "threshold": f"averaged over {POSITIONS} positions within the fault-free run's iteration "
                                    f"{K0}; zero_slack_*: the threshold at its loss after iteration {K0}"},
            "headline": headline, "thesis_ranges_pct": THESIS, "met": met, "jobs_met": jobs_met, "simulation": sim,
@@ -738,8 +742,8 @@ def main() -> int:
     extra = "".join(f"; {tag[n]} " + ", ".join(f"{s} {sim[n]['configs'][f'{s} 1/8']['reduction_pct']:.0f}%"
                                                for s in STRATEGIES) for n in others)
     rows[f"{NAME} priority 1/8 at 8x, 1/2 lost (sim.)"] = [
-        f"{tag[headline]}: {v['rework_mean']:.1f} it: {pct(v)} ({strategies}; top 1/8 per server "
-        f"{head['priority-server 1/8']['reduction_pct']:.0f}%; partial with full checkpoints "
+        f"{tag[headline]}: {v['rework_mean']:.1f} it: {pct(v)} ({strategies}; top 1/8 of whole rows (keys) "
+        f"{head['priority-key 1/8']['reduction_pct']:.0f}%; partial with full checkpoints "
         f"{head['partial 1/2']['reduction_pct']:.0f}%; zero-slack threshold {v['zero_slack_reduction_pct']:.0f}%; "
         f"failure just before a due save {sim[headline]['configs_before_save'][key]['reduction_pct']:.0f}%)"
         f"{extra}", base, f"{v['rework_mean'] / full['rework_mean']:.2f}x",

@@ -107,7 +107,7 @@ def main() -> int:
     print(f"-> {out}")
     _table.update_rows({"scar_rework priority 1/8, MNIST 60k (sim.)": [
         f"{c['priority 1/8']['rework_mean']:.2f} it: {pri:.0f}% less (CI {lo_hi[0]:.0f}–{lo_hi[1]:.0f}%) "
-        f"(per server {c['priority-server 1/8']['reduction_pct']:.0f}%, round {c['round 1/8']['reduction_pct']:.0f}%, "
+        f"(whole rows {c['priority-key 1/8']['reduction_pct']:.0f}%, round {c['round 1/8']['reduction_pct']:.0f}%, "
         f"partial 1/2 with full checkpoints {c['partial 1/2']['reduction_pct']:.0f}%); threshold "
         f"{res['threshold']:.3f} per image (thesis 0.417)",
         f"full recovery {c['full']['rework_mean']:.2f} it, full checkpoint every {sr.C} it",

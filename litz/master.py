@@ -409,7 +409,7 @@ class Master(Process):
         elif tag == P.PRIORITY_DISTANCES:
             self.recovery.on_priority_distances(sender, msg[1], msg[2])
         elif tag == P.PRIORITY_SAVED:
-            self.recovery.on_priority_saved(sender, msg[1], msg[2], msg[3])
+            self.recovery.on_priority_saved(sender, tuple(msg[1:5]), msg[5])
         elif tag == P.FAIL:
             raise app_error(msg[1], msg[2])
         elif tag == P.HELLO:

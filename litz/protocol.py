@@ -46,9 +46,9 @@ DRAIN_REFUSED = "drain_refused"          # master -> worker/server: (DRAIN_REFUS
 
 # SCAR (thesis ch. 5)
 PRIORITY_CHECKPOINT = "priority_checkpoint"  # master -> server: (PRIORITY_CHECKPOINT, root, fraction) measure
-PRIORITY_DISTANCES = "priority_distances"    # server -> master: (PRIORITY_DISTANCES, distances, error)
+PRIORITY_DISTANCES = "priority_distances"    # server -> master: (PRIORITY_DISTANCES, histogram, error)
 PRIORITY_SAVE = "priority_save"              # master -> server: (PRIORITY_SAVE, root, count) save your count farthest
-PRIORITY_SAVED = "priority_saved"            # server -> master: (PRIORITY_SAVED, keys_saved, keys_held, error)
+PRIORITY_SAVED = "priority_saved"  # server -> master: (PRIORITY_SAVED, values saved, held, keys saved, held, error)
 RESTORE_SHARDS = "restore_shards"            # master -> live server: (RESTORE_SHARDS, source, root, {shard: meta})
 RESET_TASKS = "reset_tasks"                  # master -> worker: (RESET_TASKS, shard_map_message) keep executors
 

@@ -151,7 +151,7 @@ class Recovery:
             self.schedule_priority()
             return
         self.priority_round = {"t0": time.time(), "phase": "measure", "waiting": set(servers), "distances": {},
-                               "saved": 0, "held": 0}
+                               "values_saved": 0, "values": 0, "keys_saved": 0, "keys": 0}
         for ident in servers:
             m.send(ident, (P.PRIORITY_CHECKPOINT, self.store.root, self.priority))
 
@@ -176,15 +176,16 @@ class Recovery:
             for ident, count in counts.items():
                 self.master.send(ident, (P.PRIORITY_SAVE, self.store.root, count))
 
-    def on_priority_saved(self, sender: str, saved: int, held: int, error: str | None) -> None:
+    def on_priority_saved(self, sender: str, counts: tuple[int, int, int, int], error: str | None) -> None:
         r = self._round_answer(sender, "save", error)
         if r is None:
             return
-        r["saved"] += saved
-        r["held"] += held
+        for name, n in zip(("values_saved", "values", "keys_saved", "keys"), counts, strict=True):
+            r[name] += n
         if not r["waiting"]:
-            self.master.joblog.event("priority_checkpoint", fraction=self.priority, keys_saved=r["saved"],
-                                     keys=r["held"], duration_s=round(time.time() - r["t0"], 4))
+            self.master.joblog.event("priority_checkpoint", fraction=self.priority, values_saved=r["values_saved"],
+                                     values=r["values"], keys_saved=r["keys_saved"], keys=r["keys"],
+                                     duration_s=round(time.time() - r["t0"], 4))
             self.priority_round = None
             self.schedule_priority()
 

@@ -104,8 +104,7 @@ class Server(Process):
         elif tag == P.PRIORITY_CHECKPOINT:  # SCAR §5.4.3 steps 1-2: every key's distance from its saved copy
             self.send("master", (P.PRIORITY_DISTANCES, self.running_ckpt.measure(self.shards), self.running_ckpt.error))
         elif tag == P.PRIORITY_SAVE:  # step 4: the coordinator's pick here is this server's count farthest keys
-            saved, held = self.running_ckpt.save_top(msg[1], self.shards, msg[2])
-            self.send("master", (P.PRIORITY_SAVED, saved, held, None))
+            self.send("master", (P.PRIORITY_SAVED, *self.running_ckpt.save_top(msg[1], self.shards, msg[2]), None))
         elif tag == P.RESTORE_SHARDS:
             self.restore_lost_shards(msg[1], msg[2], msg[3])
         elif not self.handle_lifecycle(tag, msg):
@@ -232,7 +231,7 @@ class Server(Process):
                 else:
                     table = read_part(root, shard_part(shard), meta)
                 self.shards[shard] = table
-                self.running_ckpt.saved[shard] = dict(table)
+                self.running_ckpt.reset(shard, table)
                 self.exported = {ref for ref in self.exported if ref[0] != shard}
         except LitzError as exc:
             self.send("master", (P.RESTORE_FAILED, str(exc)))

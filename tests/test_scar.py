@@ -7,7 +7,14 @@ import numpy as np
 import pytest
 
 from litz.keys import ShardMap
-from litz.scar import RunningCheckpoint, global_top_counts, load_running_shard, select_priority
+from litz.scar import (
+    RunningCheckpoint,
+    element_distances,
+    global_top_counts,
+    histogram,
+    load_running_shard,
+    select_priority,
+)
 from tests.apps.phases import KEYS
 from tests.helpers import Processes, app_path, status, wait_for
 from tests.test_elasticity import ctl
@@ -31,28 +38,59 @@ def test_select_priority_picks_the_most_changed():
 
 
 def test_the_coordinator_picks_the_global_top_not_each_servers():
-    """Thesis §5.4.3 step 3: the fraction r of *all* parameters with the largest distances. Here every key that
-    moved is on s0: the top quarter is 2 keys of s0 and none of s1 (a per-server top quarter: one each)."""
-    distances = {"s0": np.array([5.0, 4.0, 3.0, 2.0]), "s1": np.array([1.0, 0.5, 0.2, 0.1])}
-    assert global_top_counts(distances, 0.25) == {"s0": 2, "s1": 0}
-    assert global_top_counts(distances, 0.01) == {"s0": 1, "s1": 0}  # at least one key
-    assert global_top_counts(distances, 1.0) == {"s0": 4, "s1": 4}
-    assert global_top_counts({"s0": np.empty(0)}, 0.5) == {"s0": 0}
+    """Thesis §5.4.3 step 3: the fraction r of *all* parameters with the largest distances. Here every value that
+    moved is on s0: the top quarter is 2 values of s0 and none of s1 (a per-server top quarter: one each)."""
+    hists = {"s0": histogram(np.array([5.0, 4.0, 3.0, 2.0])), "s1": histogram(np.array([1.0, 0.5, 0.2, 0.1]))}
+    assert global_top_counts(hists, 0.25) == {"s0": 2, "s1": 0}
+    assert global_top_counts(hists, 0.01) == {"s0": 1, "s1": 0}  # at least one value
+    assert global_top_counts(hists, 1.0) == {"s0": 4, "s1": 4}
+    assert global_top_counts({"s0": histogram(np.empty(0))}, 0.5) == {"s0": 0}
+    # the cut inside one bin (equal distances): its share is split by how many each server has there
+    even = {"s0": histogram(np.array([7.0, 1.0, 1.0, 1.0])), "s1": histogram(np.array([1.0] * 6 + [0.0] * 2))}
+    assert global_top_counts(even, 0.5) == {"s0": 3, "s1": 3}  # 7.0, then 4 of the nine 1.0s: 2 + 2 by share
+    assert sum(global_top_counts(even, 0.25).values()) == 3
 
 
-def test_a_server_saves_the_farthest_keys_it_measured_with_their_current_values(tmp_path):
+def test_element_distances_rank_values_not_keys():
+    assert element_distances(np.array([[1.0, -2.0]]), None).tolist() == [1.0, 2.0]  # never saved: from zero
+    assert element_distances(np.array([1, 5]), np.array([1, 2])).tolist() == [0.0, 3.0]
+    assert element_distances(3.0, 1.0).tolist() == [2.0]  # not an array: one value
+    assert element_distances(np.array([1.0, 2.0]), np.array([1.0])).tolist() == [np.sqrt(5.0)]  # shape changed
+    h = histogram(np.array([0.0, 1e-30, 1.0, 1.0, 2.0, np.inf]))
+    assert h.sum() == 6 and h[0] == 2 and h[-1] == 1 and (h == 2).sum() == 2  # 0 and 1e-30 < 2^-64 share bin 0
+
+
+def test_a_server_saves_the_farthest_values_it_measured_with_their_current_values(tmp_path):
     ck = RunningCheckpoint()
     shards = {0: {"a": np.full(4, 3.0), "b": np.full(4, 1.0)}, 1: {"c": np.full(4, 2.0)}}
-    assert ck.measure(shards).tolist() == [6.0, 2.0, 4.0]  # never saved: distance from zero, the starting value
+    assert ck.measure(shards).sum() == 12  # never saved: distances from zero, the starting value
     shards[0]["a"] = np.full(4, 3.5)  # training goes on between the measure and the coordinator's answer
-    assert ck.save_top(str(tmp_path), shards, 1) == (1, 3)
-    ck.wait()
-    assert list(load_running_shard(str(tmp_path), 0)) == ["a"] and load_running_shard(str(tmp_path), 0)["a"][0] == 3.5
-    assert load_running_shard(str(tmp_path), 1) == {}
-    ck.measure(shards)
-    assert ck.save_top(str(tmp_path), shards, 0) == (0, 3)  # the coordinator picked none of this server's keys
+    assert ck.save_top(str(tmp_path), shards, 4) == (4, 12, 1, 3)
     ck.wait()
     assert list(load_running_shard(str(tmp_path), 0)) == ["a"]
+    assert (load_running_shard(str(tmp_path), 0)["a"] == 3.5).all()
+    assert load_running_shard(str(tmp_path), 1) == {}
+    shards[0]["a"][1] = 9.0  # one value of "a" moves, and two of "c"
+    shards[1]["c"][2:] = 0.0
+    ck.measure(shards)
+    assert ck.save_top(str(tmp_path), shards, 1) == (1, 12, 1, 3)  # "a"[1] moved by 5.5: only that value
+    ck.wait()
+    assert load_running_shard(str(tmp_path), 0)["a"].tolist() == [3.5, 9.0, 3.5, 3.5]
+    ck.measure(shards)
+    assert ck.save_top(str(tmp_path), shards, 0) == (0, 12, 0, 3)  # the coordinator picked none of this server's
+    ck.wait()
+    assert list(load_running_shard(str(tmp_path), 0)) == ["a"]
+
+
+def test_a_restored_shard_is_saved_as_a_copy_of_its_live_values():
+    """The server adds updates into its live arrays in place: a saved copy that is the live array itself would
+    move with it, measure zero for ever and never be written again (as after a partial recovery before)."""
+    ck = RunningCheckpoint()
+    table = {"k": np.zeros(3)}
+    ck.reset(5, table)
+    table["k"] += 1.0
+    assert (ck.saved[5]["k"] == 0.0).all() and 5 in ck.dirty
+    assert ck.measure({5: table}).sum() == 3 and histogram(np.ones(3)).tolist() == ck.measure({5: table}).tolist()
 
 
 def phase(name: str) -> str | None:
@@ -109,7 +147,7 @@ def test_priority_checkpoints_feed_partial_recovery(tmp_path):
     assert set(values.values()) == {11.0}
     events = json.loads(out.read_text())["events"]
     rounds = [e for e in events if e["kind"] == "priority_checkpoint"]
-    assert len(rounds) >= 8 and all(0 < e["keys_saved"] <= max(1, round(0.25 * e["keys"])) + 1 for e in rounds)
+    assert len(rounds) >= 8 and all(0 < e["values_saved"] <= max(1, round(0.25 * e["values"])) + 1 for e in rounds)
     partial = [e for e in events if e["kind"] == "partial_recovery"]
     assert len(partial) == 1 and partial[0]["source"] == "running"
 
@@ -117,9 +155,10 @@ def test_priority_checkpoints_feed_partial_recovery(tmp_path):
 @pytest.mark.timeout(90)
 def test_running_checkpoint_starts_from_the_values_an_app_writes_first(tmp_path):
     """Thesis §5.4.2: the running checkpoint is "initialized to the initial parameter values". The app writes
-    its starting values as updates; with 1 key per server per round, every round picks a hot key (moved by 20
-    or more) over a cold one (never changed after its start), so the lost cold keys can only come back from
-    the starting values. Before the running checkpoint kept them, they came back as missing (zero)."""
+    its starting values as updates; with 5 of the 256 values (64 keys of 4) per round, every round picks hot
+    values (moved by 20 or more) over cold ones (never changed after their start), so the lost cold keys can
+    only come back from the starting values. Before the running checkpoint kept them, they came back as
+    missing (zero)."""
     from tests.apps.starting import COLD
 
     name, out = "scar-starting", tmp_path / "out.json"
@@ -140,7 +179,7 @@ def test_running_checkpoint_starts_from_the_values_an_app_writes_first(tmp_path)
     partial = [e for e in events if e["kind"] == "partial_recovery"]
     assert len(partial) == 1 and partial[0]["lost"] == ["s1"] and partial[0]["source"] == "running"
     rounds = [e for e in events if e["kind"] == "priority_checkpoint"]
-    assert len(rounds) >= 5 and all(e["keys_saved"] <= 2 for e in rounds)
+    assert len(rounds) >= 5 and all(e["values_saved"] <= round(0.02 * e["values"]) + 1 for e in rounds)
 
 
 @pytest.mark.timeout(90)
