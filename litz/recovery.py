@@ -142,9 +142,10 @@ class Recovery:
         self.resume()
 
     def priority_checkpoint(self) -> None:
-        """SCAR: save the fraction R of all keys that changed most; training does not pause. As the thesis'
-        checkpoint coordinator (§5.4.3): every server sends the distances of its keys from their saved copies,
-        the master takes the global top R and tells each server how many of its farthest keys to save."""
+        """SCAR: save the fraction R of all parameter values that changed most; training does not pause. As the
+        thesis' checkpoint coordinator (§5.4.3): every server sends a histogram of its values' distances from
+        their saved copies, the master finds the global top R and tells each server how many of its farthest
+        values to save (litz.scar)."""
         m = self.master
         servers = [i for i, s in m.servers.items() if s.state == "active"]
         if not servers:

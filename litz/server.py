@@ -101,9 +101,9 @@ class Server(Process):
             self.checkpoint(msg[1])
         elif tag == P.RESTORE:
             self.restore(msg[1], msg[2])
-        elif tag == P.PRIORITY_CHECKPOINT:  # SCAR §5.4.3 steps 1-2: every key's distance from its saved copy
+        elif tag == P.PRIORITY_CHECKPOINT:  # SCAR §5.4.3 steps 1-2: how far every value moved from its saved copy
             self.send("master", (P.PRIORITY_DISTANCES, self.running_ckpt.measure(self.shards), self.running_ckpt.error))
-        elif tag == P.PRIORITY_SAVE:  # step 4: the coordinator's pick here is this server's count farthest keys
+        elif tag == P.PRIORITY_SAVE:  # step 4: the coordinator's pick here: this server's count farthest values
             self.send("master", (P.PRIORITY_SAVED, *self.running_ckpt.save_top(msg[1], self.shards, msg[2]), None))
         elif tag == P.RESTORE_SHARDS:
             self.restore_lost_shards(msg[1], msg[2], msg[3])
