@@ -58,10 +58,11 @@ def select_priority(current: dict[Hashable, Any], saved: dict[Hashable, Any], fr
     return [keys[i] for i in farthest(dist, top_count(fraction, len(keys)))]
 
 
-# Histogram bins of log2(distance): 1/32 of an octave from 2^-64 to 2^64, and bin 0 for 0 (and anything smaller).
-_BINS_PER_OCTAVE = 32
-_LOG_LO, _LOG_HI = -64, 64
-HISTOGRAM_BINS = 1 + (_LOG_HI - _LOG_LO) * _BINS_PER_OCTAVE
+# Histogram bins: a distance's float32 bit pattern without its 18 lowest bits (sign 0, 8 exponent bits, 5 mantissa
+# bits). Non-negative floats sort as their bit patterns, so the bins keep the order of the distances, each 1/32 of
+# an octave wide, and binning costs a cast and a shift (log2 of every value cost 5x more).
+_BIN_SHIFT = 18
+HISTOGRAM_BINS = 1 << (31 - _BIN_SHIFT)
 
 
 def element_distances(current: Any, saved: Any) -> np.ndarray:
@@ -69,25 +70,22 @@ def element_distances(current: Any, saved: Any) -> np.ndarray:
     that is not a numeric array, or whose saved copy has another shape, counts as one value (its L2 distance)."""
     cur = current if isinstance(current, np.ndarray) else None
     if cur is not None and cur.dtype.kind in "biuf":
+        work = cur.astype(np.float64 if cur.dtype == np.float64 else np.float32, copy=False)
         if saved is None:
-            return np.abs(cur.astype(np.float64, copy=False)).ravel()
+            return np.abs(work).ravel()
         if isinstance(saved, np.ndarray) and saved.shape == cur.shape:
-            return np.abs(cur.astype(np.float64) - saved).ravel()
+            diff = np.subtract(work, saved, dtype=work.dtype)
+            return np.abs(diff, out=diff).ravel()
         if isinstance(saved, np.ndarray):  # its shape changed: the saved copy says nothing about it
             saved = None
     return np.array([distance(current, saved)])
 
 
 def histogram(dist: np.ndarray) -> np.ndarray:
-    """Counts of ``dist`` per log2 bin (``HISTOGRAM_BINS`` of them): what a server sends the coordinator, a
-    few kB however many values it holds."""
-    bins = np.zeros(len(dist), dtype=np.int64)  # 0 and anything below 2^-64
-    big = np.isinf(dist)
-    live = (dist > 2.0 ** _LOG_LO) & ~big
-    bins[live] = np.minimum(np.floor((np.log2(dist[live]) - _LOG_LO) * _BINS_PER_OCTAVE).astype(np.int64) + 1,
-                            HISTOGRAM_BINS - 1)
-    bins[big] = HISTOGRAM_BINS - 1
-    return np.bincount(bins, minlength=HISTOGRAM_BINS).astype(np.int64)
+    """Counts of ``dist`` per bin (``HISTOGRAM_BINS`` of them, in the order of the distances): what a server
+    sends the coordinator, a few kB however many values it holds."""
+    bits = np.abs(np.asarray(dist, dtype=np.float32)).view(np.int32) >> _BIN_SHIFT
+    return np.bincount(bits.ravel(), minlength=HISTOGRAM_BINS).astype(np.int64)
 
 
 def global_top_counts(histograms: dict[str, np.ndarray], fraction: float) -> dict[str, int]:

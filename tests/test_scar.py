@@ -56,8 +56,11 @@ def test_element_distances_rank_values_not_keys():
     assert element_distances(np.array([1, 5]), np.array([1, 2])).tolist() == [0.0, 3.0]
     assert element_distances(3.0, 1.0).tolist() == [2.0]  # not an array: one value
     assert element_distances(np.array([1.0, 2.0]), np.array([1.0])).tolist() == [np.sqrt(5.0)]  # shape changed
-    h = histogram(np.array([0.0, 1e-30, 1.0, 1.0, 2.0, np.inf]))
-    assert h.sum() == 6 and h[0] == 2 and h[-1] == 1 and (h == 2).sum() == 2  # 0 and 1e-30 < 2^-64 share bin 0
+    h = histogram(np.array([2.0, 0.0, np.inf, 1.0, 1e-30, 1.01, 1.0]))
+    bins = np.nonzero(h)[0]
+    assert h.sum() == 7 and h[0] == 1  # only 0.0 in the lowest bin
+    assert h[bins].tolist() == [1, 1, 3, 1, 1]  # 1e-30; 1.0, 1.0 and 1.01 share a bin (1/32 octave); 2.0; inf
+    assert bins[3] - bins[2] == 32  # an octave is 32 bins
 
 
 def test_a_server_saves_the_farthest_values_it_measured_with_their_current_values(tmp_path):
