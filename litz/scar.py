@@ -173,13 +173,15 @@ class RunningCheckpoint:
         starts = np.concatenate([[0], np.cumsum(sizes)])
         owner = np.searchsorted(starts, picked, side="right") - 1
         saved = keys = 0
-        for i in np.unique(owner):
+        uniq, first = np.unique(owner, return_index=True)  # owner is sorted: each key's picks are one slice
+        ends = np.append(first[1:], len(owner)) if len(first) else first
+        for i, lo, hi in zip(uniq, first, ends, strict=True):
             s, k = refs[i]
             table = shards.get(s)  # None: it moved away since measure()
             if table is None or k not in table:
                 continue
             v, mine = table[k], self.saved.setdefault(s, {})
-            at = picked[owner == i] - starts[i]
+            at = picked[lo:hi] - starts[i]
             old = mine.get(k)
             if (sizes[i] == 1 and not (isinstance(v, np.ndarray) and v.size == 1)) or len(at) == v.size:
                 mine[k] = _copy(v)  # the whole value: one that is not an array, or every element of it
