@@ -27,7 +27,6 @@ import threading
 import time
 import traceback
 from multiprocessing.connection import Connection, Pipe
-from typing import Any
 
 from .errors import LitzError
 from .process import die_with_parent
@@ -281,16 +280,3 @@ def _set_title(title: str) -> None:
         return
     setproctitle.setproctitle(title)
 
-
-def spawn_args(role: str, name: str, home: str, etcd: str | None, extra: list[str]) -> list[str]:
-    """The ``litz`` arguments of a local child (``litz worker --name ...``)."""
-    argv = [role, "--name", name, "--home", home]
-    if etcd:
-        argv += ["--etcd", etcd]
-    return argv + extra
-
-
-def exec_spawn(argv: list[str], env: dict[str, str]) -> Any:
-    """A fresh interpreter (``LITZ_SPAWN=exec``)."""
-    return subprocess.Popen([sys.executable, "-m", "litz.cli.litz", *argv], env={**os.environ, **env},
-                            stdin=subprocess.DEVNULL)

@@ -17,7 +17,7 @@ from typing import Any
 
 from . import shmring
 from .errors import LitzError
-from .forkserver import ForkServer, exec_spawn, spawn_args
+from .forkserver import ForkServer
 from .job import JOB_OPTIONS, default_name, positive_int, resolve_app, run_job
 from .membership import Membership, connect_kv
 from .membership.membership import litz_home
@@ -47,13 +47,16 @@ class LocalProcesses:
         self.forks = ForkServer.start(f"litz forkserver --name {name}") if forking else None
 
     def start(self, role: str) -> Any:
-        limit = self.server_memory_limit if role == "server" else None
-        extra = ["--memory-limit", str(limit)] if limit else []
-        argv = spawn_args(role, self.name, self.home, self.etcd, extra)
+        argv = [role, "--name", self.name, "--home", self.home]
+        if self.etcd:
+            argv += ["--etcd", self.etcd]
+        if role == "server" and self.server_memory_limit:
+            argv += ["--memory-limit", str(self.server_memory_limit)]
         if self.forks is not None:
             proc = self.forks.spawn(argv, self.env, f"litz {role} --name {self.name}")
         else:
-            proc = exec_spawn(argv, self.env)
+            proc = subprocess.Popen([sys.executable, "-m", "litz.cli.litz", *argv], env={**os.environ, **self.env},
+                                    stdin=subprocess.DEVNULL)
         self.procs.append((role, proc))
         return proc
 
