@@ -183,8 +183,8 @@ class RunningCheckpoint:
             v, mine = table[k], self.saved.setdefault(s, {})
             at = picked[lo:hi] - starts[i]
             old = mine.get(k)
-            if (sizes[i] == 1 and not (isinstance(v, np.ndarray) and v.size == 1)) or len(at) == v.size:
-                mine[k] = _copy(v)  # the whole value: one that is not an array, or every element of it
+            if not (isinstance(v, np.ndarray) and v.size == sizes[i] and len(at) < v.size):
+                mine[k] = _copy(v)  # the whole value: measured as one value, or every element of it picked
             else:
                 if not (isinstance(old, np.ndarray) and old.shape == v.shape and old.dtype == v.dtype):
                     old = np.zeros_like(v)  # never saved: its starting value is zero
