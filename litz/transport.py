@@ -18,6 +18,7 @@ import struct
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -51,6 +52,15 @@ def _host(address: str) -> str:
     return address.rsplit(":", 1)[0].split("://", 1)[-1].strip("[]")
 
 
+@dataclass
+class _Watch:
+    """A watched connection: its monitor socket, since when it is down (None: up), and whether that was reported."""
+
+    monitor: zmq.Socket
+    dropped_at: float | None = None
+    reported: bool = False
+
+
 class Endpoint:
     def __init__(self, ident: str, secret: str, host: str = "127.0.0.1", port: int = 0,
                  bind_host: str | None = None):
@@ -73,7 +83,7 @@ class Endpoint:
         self.address = f"tcp://{host}:{port}"
         self._peers: dict[str, zmq.Socket] = {}
         self._addresses: dict[str, str] = {}
-        self._watches: dict[str, list] = {}  # peer -> [monitor socket, dropped at (or None), reported]
+        self._watches: dict[str, _Watch] = {}  # watched peers' connections
         self.pid = os.getpid()
         self._host = host
         self._ring_prefix = ring_prefix(secret)
@@ -102,7 +112,7 @@ class Endpoint:
             sock.reconnect_ivl = WATCHED_RECONNECT_MS
             sock.heartbeat_ivl, sock.heartbeat_timeout = HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS
             monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
-            self._watches[peer] = [monitor, None, False]
+            self._watches[peer] = _Watch(monitor)
         sock.connect(address)
         self._peers[peer] = sock
         self._addresses[peer] = address
@@ -120,18 +130,18 @@ class Endpoint:
         for peer, watch in self._watches.items():
             while True:
                 try:
-                    event = recv_monitor_message(watch[0], zmq.NOBLOCK)["event"]
+                    event = recv_monitor_message(watch.monitor, zmq.NOBLOCK)["event"]
                 except zmq.Again:
                     break
                 now = now or time.monotonic()
                 if event == zmq.EVENT_DISCONNECTED:
-                    watch[1] = watch[1] or now
+                    watch.dropped_at = watch.dropped_at or now
                 else:  # the handshake of a (re)connection succeeded
-                    watch[1], watch[2] = None, False
-            if watch[1] is not None and not watch[2]:
+                    watch.dropped_at, watch.reported = None, False
+            if watch.dropped_at is not None and not watch.reported:
                 now = now or time.monotonic()
-                if now - watch[1] >= grace_s:
-                    watch[2] = True
+                if now - watch.dropped_at >= grace_s:
+                    watch.reported = True
                     gone.append(peer)
         return gone
 
@@ -144,7 +154,7 @@ class Endpoint:
                 sock.disable_monitor()
             sock.close(linger=0)
         if watch is not None:
-            watch[0].close(linger=0)
+            watch.monitor.close(linger=0)
         self._inline.discard(peer)
         for rings in (self._writers, self._offered, self._readers):
             ring = rings.pop(peer, None)
@@ -299,7 +309,7 @@ class Endpoint:
                 ring.close()
             rings.clear()
         for watch in self._watches.values():
-            watch[0].close(linger=0)
+            watch.monitor.close(linger=0)
         self._watches.clear()
         for sock in self._peers.values():
             sock.close()
