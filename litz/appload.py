@@ -5,16 +5,22 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import secrets
 import sys
 import traceback
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 
 import cloudpickle
 
 from .api import Driver, Executor
 from .errors import AppError, LitzError
+
+# The executor class of every app this process loaded, by the app's token. A worker forked from the launcher
+# finds the class here and uses it as it is, instead of unpickling its copy (50 ms for apps.hdbscan: numba
+# dispatchers are rebuilt one by one); a fresh interpreter or another machine finds nothing and unpickles.
+_LOADED: dict[str, type] = {}
 
 
 @dataclass
@@ -23,19 +29,35 @@ class App:
     module: ModuleType
     driver_cls: type
     executor_cls: type
+    token: str = field(init=False)  # random, per load: names this very class object in this process and its forks
+    blob: bytes = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        """The blob is made here, before a launcher forks: pickling gives the app's classes cloudpickle's
+        tracking ids, and a fork that inherits them pickles and unpickles executors (moves, checkpoints) as
+        instances of the very classes it runs, like the workers that unpickle the blob."""
+        root = self.module.__name__
+        files = {name: mod.__file__ for name, mod in list(sys.modules.items())
+                 if (name == root or name.startswith(root + ".")) and getattr(mod, "__file__", None)}
+        self.blob = cloudpickle.dumps((self.executor_cls, files))
+        self.token = secrets.token_hex(16)
+        if len(_LOADED) >= 64:  # a long-lived launcher (a notebook running job after job) keeps the newest
+            del _LOADED[next(iter(_LOADED))]
+        _LOADED[self.token] = self.executor_cls
 
     def executor_blob(self) -> bytes:
         """The executor class with the app's code by value: workers need not have the app installed. The
         app's source file names travel with it, since cloudpickle (>= 3.1.3) ships code as ``<dynamic-code>``
         and an app's traceback on a worker must still name its file and line."""
-        root = self.module.__name__
-        files = {name: mod.__file__ for name, mod in list(sys.modules.items())
-                 if (name == root or name.startswith(root + ".")) and getattr(mod, "__file__", None)}
-        return cloudpickle.dumps((self.executor_cls, files))
+        return self.blob
 
 
-def load_executor_class(blob: bytes) -> type:
-    """The executor class from :meth:`App.executor_blob`, its code objects named after their source files."""
+def load_executor_class(blob: bytes, token: str | None = None) -> type:
+    """The executor class from :meth:`App.executor_blob`, its code objects named after their source files;
+    or, in a fork of the process that loaded the app, that process's class itself."""
+    cls = _LOADED.get(token) if token else None
+    if cls is not None:
+        return cls
     cls, files = cloudpickle.loads(blob)
     _restore_filenames(cls, files, set())
     return cls
@@ -114,5 +136,8 @@ def load_app(spec: str) -> App:
         if len(found) != 1:
             names = ", ".join(c.__name__ for c in found) or "none"
             raise LitzError(f"app {spec!r} must define exactly one litz.{kind} subclass (found: {names})")
-    cloudpickle.register_pickle_by_value(module)
-    return App(spec, module, drivers[0], executors[0])
+    cloudpickle.register_pickle_by_value(module)  # before the App pickles its blob
+    try:
+        return App(spec, module, drivers[0], executors[0])
+    except Exception:
+        raise AppError(f"pickling the executor class of app {spec!r}", traceback.format_exc()) from None

@@ -18,6 +18,7 @@ changing while the job runs: the fork server keeps the pages as they were). With
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import select
 import signal
@@ -217,6 +218,10 @@ def _serve(conn: Connection, launcher: int) -> None:
     if os.getppid() != launcher:
         return
     set_blas_threads(int(os.environ.get("OPENBLAS_NUM_THREADS") or 1))
+    # The launcher's objects, inherited, are never garbage here or in the children: keep the collector off
+    # them, or each child's first collections walk them all and copy every page they touch (50 ms for a
+    # launcher that has loaded numba's compiler).
+    gc.freeze()
     pidfds: dict[int, int] = {}  # pidfd -> pid
     while True:
         ready, _, _ = select.select([conn.fileno(), *pidfds], [], [])

@@ -136,7 +136,6 @@ class Master(Process):
         self.finished = False
         self.result: Any = None
         self.state = "starting"
-        self._blob: bytes | None = None
         self._rate_samples: list[tuple[float, int]] = [(time.time(), 0)]
         self.sent_in_flight = 0  # dispatched tasks handed to workers and not completed
         self.paused_tasks: list[tuple] = []  # dispatched while a checkpoint holds dispatch
@@ -279,7 +278,6 @@ class Master(Process):
         self.executor_owner = [workers[e * w // n] for e in range(n)]  # contiguous, balanced blocks
         for s in servers:
             self.send(s, self.map_message())
-        self._blob = self.app.executor_blob()
         for ident in workers:
             self.join_worker(ident, [e for e in range(n) if self.executor_owner[e] == ident] if create else [])
         self._pump(lambda: all(m.ready for m in self.workers.values()),
@@ -288,7 +286,7 @@ class Master(Process):
     def join_worker(self, ident: str, executors: list[int]) -> None:
         member = self.workers[ident]
         member.first_map = self.map_version
-        self.send(ident, (P.APP, self._blob, self.config, self.num_executors))
+        self.send(ident, (P.APP, self.app.executor_blob(), self.app.token, self.config, self.num_executors))
         self.send(ident, (P.MEMORY_LIMIT, self.memory_limit))
         self.send(ident, self.map_message())
         self.send(ident, (P.CREATE, executors))

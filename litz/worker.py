@@ -175,8 +175,8 @@ class Worker(Process):
         elif tag == P.ACK:
             self.on_ack(sender, msg[1], msg[2], msg[3], len(msg) > 4)
         elif tag == P.APP:
-            _, blob, self.config, self.num_executors = msg
-            self.executor_cls = load_executor_class(blob)
+            _, blob, token, self.config, self.num_executors = msg
+            self.executor_cls = load_executor_class(blob, token)
         elif tag == P.SHARDS:
             self.on_shard_map(msg[1], list(msg[2]), msg[3])
         elif tag == P.CREATE:

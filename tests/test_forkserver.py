@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 
 import pytest
@@ -35,6 +36,7 @@ def test_children_are_forks_of_one_fork_server_named_for_their_role(launcher_bla
     # numpy 2 reseeds its global generator in a fork itself; with numpy 1 this is the fork server's reseed
     assert len(set(by_process.values())) == 2, "each worker has its own numpy global random stream"
     assert blas_threads()[0] == 2, "the launcher keeps its own BLAS threads"
+    assert all(f["launcher_class"] for f in facts), "a fork runs the launcher's executor class, not a copy"
 
 
 def test_litz_spawn_exec_starts_fresh_interpreters(monkeypatch, launcher_blas_threads):
@@ -43,6 +45,7 @@ def test_litz_spawn_exec_starts_fresh_interpreters(monkeypatch, launcher_blas_th
     assert {f["ppid"] for f in facts} == {os.getpid()}
     assert all("-m litz.cli.litz worker --name exec-job" in f["cmdline"] for f in facts), facts
     assert all(set(f["blas_threads"]) == {1} for f in facts), "OPENBLAS_NUM_THREADS=1 in their environment"
+    assert not any(f["launcher_class"] for f in facts), "a fresh interpreter unpickles the app's blob"
 
 
 def test_the_fork_server_reports_how_each_child_ended_and_takes_the_rest_with_it(tmp_path):
@@ -86,3 +89,13 @@ def test_ctrl_c_stops_every_process_and_says_so_once(spawn):
     assert len(everyone) == (4 if spawn == "fork" else 3), "a fork server (fork), a server and two workers"
     assert wait_for(lambda: all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in everyone), 10,
                     "every process of the job to end")
+
+
+def test_a_fork_finds_the_executor_class_by_token_without_unpickling_the_blob():
+    from litz.appload import load_app, load_executor_class
+
+    app = load_app(app_path("whoami"))
+    assert load_executor_class(b"not a pickle", app.token) is app.executor_cls
+    with pytest.raises(pickle.UnpicklingError):  # another launcher's token: the blob is what counts
+        load_executor_class(b"not a pickle", "a token from another launcher")
+    assert load_executor_class(app.executor_blob(), "a token from another launcher").__name__ == "WhoAmIExecutor"
