@@ -65,6 +65,10 @@ from .settings import Settings
 
 JOIN_BUFFER_ROWS = 1 << 20  # initial rows of the local join's outgoing buffer (grows when needed)
 
+# Numba's first use in a process (its registries: 0.09 s) happens at import, in the launcher that loads the
+# app: the workers of a local job are forks of it and start with it done, instead of each paying it again.
+_knn.numba_ready()
+
 
 def _kernels():
     """The kernel modules as imported from disk when this process can import them. Numba's on-disk cache
