@@ -15,7 +15,8 @@ import sys
 import time
 from typing import Any
 
-from . import shmring
+from . import roles, server, shmring, worker  # noqa: F401 (see below)
+from .cli import litz as _cli  # noqa: F401
 from .errors import LitzError
 from .forkserver import ForkServer
 from .job import JOB_OPTIONS, default_name, positive_int, resolve_app, run_job
@@ -23,6 +24,9 @@ from .membership import Membership, connect_kv
 from .membership.membership import litz_home
 from .security import new_secret
 from .transport import ring_prefix
+
+# roles, server, worker and the command line above are what a forked child runs and this process does not:
+# imported here, once per launcher, each fork starts with them (9 ms of imports a child, greenlet among them).
 
 # One process per core is the model; BLAS threads in every worker would oversubscribe the cores (small
 # matrix products ran ~50x slower here). A user's own setting in the environment wins.
