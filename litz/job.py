@@ -47,7 +47,7 @@ def run_job(app: App, membership: Membership, secret: str, *, config: dict | Non
             metrics: str | None = None, progress: bool = False, start_timeout: float = 60.0,
             supervise: Callable[[], list[tuple[str, int, str]]] | None = None,
             spawn: Callable[[str], Any] | None = None,
-            on_registered: Callable[[], None] | None = None, on_exit: Callable[[], None] | None = None,
+            on_registered: Callable[[], None] | None = None, on_exit: Callable[[bool], None] | None = None,
             checkpoint_dir: str | None = None, checkpoint_every: float | None = None, checkpoint_keep: int = 3,
             resume: bool = False, partial_recovery: bool = False, priority_checkpoint: float | None = None,
             memory_limit: int | str | None = None, **endpoint: Any) -> Any:
@@ -78,7 +78,7 @@ def run_job(app: App, membership: Membership, secret: str, *, config: dict | Non
     finally:
         master.stop_all()
         if on_exit:
-            on_exit()
+            on_exit(master.finished)
         if output:
             joblog.write_output(output, {
                 "result": result, "state": master.state, "app": app.name, "name": membership.job,

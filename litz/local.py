@@ -77,17 +77,23 @@ class LocalProcesses:
                 out.append((role, proc.pid, how))
         return out
 
-    def stop(self, grace: float = 3.0) -> None:
+    def stop(self, finished: bool = True) -> None:
+        """End every child. After a finished job they are idle and leave at once on the master's stop; after
+        an error or Ctrl-C one may be deep in a task or in ``load_input`` and not read it, and the user is
+        waiting: a short grace, then SIGTERM (which ends Python code at once, a numba kernel when it returns),
+        then SIGKILL."""
         self.stopping = True
+        grace, term_grace = (3.0, 2.0) if finished else (0.3, 0.7)
         deadline = time.time() + grace
         for _, proc in self.procs:
             try:
                 proc.wait(max(deadline - time.time(), 0.01))
             except subprocess.TimeoutExpired:
                 proc.send_signal(signal.SIGTERM)
+        deadline = time.time() + term_grace
         for _, proc in self.procs:
             try:
-                proc.wait(2.0)
+                proc.wait(max(deadline - time.time(), 0.01))
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()

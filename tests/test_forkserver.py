@@ -91,6 +91,28 @@ def test_ctrl_c_stops_every_process_and_says_so_once(spawn):
                     "every process of the job to end")
 
 
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_while_executors_load_does_not_wait_for_them():
+    """Children deep in load_input do not read the master's stop; an interrupted job's launcher ends them at
+    once (a short grace, SIGTERM, SIGKILL) instead of the finished job's grace of seconds (7 s here before)."""
+    import time
+
+    import psutil
+
+    with Processes() as procs:
+        job = procs.start(["litz", "run", app_path("slowload"), "--name", "ctrl-c-loading", "--no-progress"])
+        wait_for(lambda: len(psutil.Process(job.pid).children(recursive=True)) == 4, 30, "the job's processes")
+        time.sleep(1.0)  # the workers are in load_input now
+        everyone = psutil.Process(job.pid).children(recursive=True)
+        os.killpg(job.pid, signal.SIGINT)
+        sent = time.monotonic()
+        _, stderr = job.communicate(timeout=30)
+        took = time.monotonic() - sent
+    assert job.returncode == 130, stderr
+    assert took < 3.0, f"the launcher took {took:.1f} s to stop an interrupted job"
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in everyone)
+
 def test_a_fork_finds_the_executor_class_by_token_without_unpickling_the_blob():
     from litz.appload import load_app, load_executor_class
 
