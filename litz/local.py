@@ -78,10 +78,10 @@ class LocalProcesses:
         return out
 
     def stop(self, finished: bool = True) -> None:
-        """End every child. After a finished job they are idle and leave at once on the master's stop; after
-        an error or Ctrl-C one may be deep in a task or in ``load_input`` and not read it, and the user is
-        waiting: a short grace, then SIGTERM (which ends Python code at once, a numba kernel when it returns),
-        then SIGKILL."""
+        """End every child. After a finished job they are idle and leave at once on the master's stop. After
+        an error or Ctrl-C one may be deep in a task or in ``load_input``, reading neither the stop nor
+        SIGTERM (a drain request, see roles.serve) until it returns, and the user is waiting: a short grace,
+        then SIGTERM, then SIGKILL."""
         self.stopping = True
         grace, term_grace = (3.0, 2.0) if finished else (0.3, 0.7)
         deadline = time.time() + grace
