@@ -30,7 +30,7 @@ class App:
     driver_cls: type
     executor_cls: type
     token: str = field(init=False)  # random, per load: names this very class object in this process and its forks
-    blob: bytes = field(init=False, repr=False)
+    _blob: bytes = field(init=False, repr=False)  # read through executor_blob()
 
     def __post_init__(self) -> None:
         """The blob is made here, before a launcher forks: pickling gives the app's classes cloudpickle's
@@ -39,7 +39,7 @@ class App:
         root = self.module.__name__
         files = {name: mod.__file__ for name, mod in list(sys.modules.items())
                  if (name == root or name.startswith(root + ".")) and getattr(mod, "__file__", None)}
-        self.blob = cloudpickle.dumps((self.executor_cls, files))
+        self._blob = cloudpickle.dumps((self.executor_cls, files))
         self.token = secrets.token_hex(16)
         if len(_LOADED) >= 64:  # a long-lived launcher (a notebook running job after job) keeps the newest
             del _LOADED[next(iter(_LOADED))]
@@ -49,7 +49,7 @@ class App:
         """The executor class with the app's code by value: workers need not have the app installed. The
         app's source file names travel with it, since cloudpickle (>= 3.1.3) ships code as ``<dynamic-code>``
         and an app's traceback on a worker must still name its file and line."""
-        return self.blob
+        return self._blob
 
 
 def load_executor_class(blob: bytes, token: str | None = None) -> type:
