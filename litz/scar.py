@@ -104,8 +104,9 @@ def global_top_counts(histograms: dict[str, np.ndarray], fraction: float) -> dic
     counts = hists[:, cut + 1:].sum(axis=1) if cut + 1 < HISTOGRAM_BINS else np.zeros(len(names), np.int64)
     if want and cut < HISTOGRAM_BINS:
         rest, edge = want - int(counts.sum()), hists[:, cut]
-        share = rest * edge // max(int(edge.sum()), 1)
-        order = np.argsort(-(rest * edge - share * max(int(edge.sum()), 1)), kind="stable")  # largest remainders
+        in_edge = max(int(edge.sum()), 1)
+        share = rest * edge // in_edge
+        order = np.argsort(-(rest * edge - share * in_edge), kind="stable")  # largest remainders
         share[order[:rest - int(share.sum())]] += 1
         counts = counts + share
     return {n: int(c) for n, c in zip(names, counts, strict=True)}
