@@ -124,6 +124,63 @@ def test_extract_matches_hdbscan_on_its_own_tree() -> None:
         assert fowlkes_mallows_score(ref.labels_, labels) == pytest.approx(1.0)
 
 
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("rho", [1.0, 0.6])
+def test_candidates_built_only_for_joining_rows_equal_building_every_row(rho: float) -> None:
+    """build_candidates builds only rows with a new candidate, and merge_reverse builds the rows a remote new
+    candidate activates. Every row that joins must get exactly the lists (entries and priorities) it would
+    get with every row built first, unbuilt rows must be exactly the ones without a new candidate, and the
+    flags must end the same."""
+    from apps.hdbscan import knn
+
+    rng = np.random.default_rng(3)
+    n, k, c, total, lo = 300, 8, 6, 900, 300  # this executor owns 300..599 of 900 points
+    ind = np.empty((n, k), np.int32)
+    for i in range(n):  # mostly local neighbours (as with the tree partition), some remote, some empty slots
+        local = rng.choice(np.setdiff1d(np.arange(lo, lo + n), [lo + i]), k, replace=False)
+        remote = rng.choice(np.r_[0:lo, lo + n:total], k, replace=False)
+        ind[i] = np.where(rng.random(k) < 0.8, local, remote)
+    ind[rng.random((n, k)) < 0.03] = -1
+    flag = (rng.random((n, k)) < 0.04).astype(np.uint8)  # late in a run: few new entries, many idle rows
+    # reverse candidates from the other executors: (local target, source * 2 + is_new, priority bits)
+    rec = np.empty((150, 3), np.int32)
+    rec[:, 0] = rng.integers(0, n, 150)
+    rec[:, 1] = rng.choice(np.r_[0:lo, lo + n:total], 150) * 2 + (rng.random(150) < 0.3)
+    rec[:, 2] = rng.random(150).astype(np.float32).view(np.int32)
+    seed = 12345
+
+    def lists(eager: bool):
+        f = flag.copy()
+        cand = [a for _ in range(2) for a in (np.full((n, c), -1, np.int32), np.zeros((n, c), np.float32),
+                                               np.zeros(n, np.int32))]
+        built, rcount = np.zeros(n, np.uint8), np.zeros(n + 1, np.int64)
+        rrow, rslot = np.zeros(n * k, np.int32), np.zeros(n * k, np.int32)
+        rev = np.empty((n * k, 3), np.int32)
+        m = knn.build_candidates(ind, f, lo, n, total, np.float32(rho), seed, *cand, rev, built, rcount, rrow,
+                                 rslot)
+        lazily_built = built.copy()
+        if eager:  # build every row, then merge: the reference
+            stamp = np.full(total, -1, np.int32)
+            for i in range(n):
+                if not built[i]:
+                    knn.build_row(i, ind, f, lo, np.float32(rho), seed, rcount, rrow, rslot, stamp, *cand)
+            built[:] = 1
+        knn.merge_reverse(rec, *cand, ind, f, lo, total, np.float32(rho), seed, built, rcount, rrow, rslot)
+        return cand, f, rev[:m].copy(), lazily_built
+
+    (lz, lz_flag, lz_rev, lz_built), (ref, ref_flag, ref_rev, _) = lists(False), lists(True)
+    joining = ref[2] > 0
+    assert 0 < lz_built.sum() < joining.sum() < n  # the case at hand: rows built late, rows never built
+    assert np.array_equal(lz[2] > 0, joining)
+    for ci, cp, cn in ((0, 1, 2), (3, 4, 5)):  # new lists, then old lists
+        for i in np.flatnonzero(joining):
+            got = sorted(zip(lz[ci][i, :lz[cn][i]].tolist(), lz[cp][i, :lz[cn][i]].tolist(), strict=True))
+            want = sorted(zip(ref[ci][i, :ref[cn][i]].tolist(), ref[cp][i, :ref[cn][i]].tolist(), strict=True))
+            assert got == want, (i, got, want)
+    assert np.array_equal(lz_flag, ref_flag) and not np.array_equal(lz_flag, flag)
+    assert np.array_equal(lz_rev, ref_rev)
+
 @pytest.mark.timeout(60)
 def test_mailbox_slots_are_exact_when_reused() -> None:
     """Messages overwrite reusable slots through additive updates and arrive bit for bit (float bits too)."""
