@@ -9,6 +9,8 @@ busy machine), so it has a longer timeout; every later test, and every worker pr
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -427,3 +429,35 @@ print("ok")
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_preloaded_kernel_signatures_are_the_ones_the_executors_use() -> None:
+    """Importing the app loads every kernel for the argument types listed in ``SIGNATURES`` (so forked
+    workers inherit them). If the executors passed other types, each worker would still load or compile its
+    own specialization and the preload would be wasted: a whole job (both spanning-tree paths, both
+    partitionings, every metric, the recall check) must add no signature. In a fresh process, since this
+    one's kernels may have been called with other types by other tests."""
+    import subprocess
+    import sys
+
+    script = """
+import apps.hdbscan as hd
+from apps.hdbscan import knn, tree
+from tests.inprocess import InProcess
+loaded = {(m.__name__, name): getattr(m, name).signatures for m in (knn, tree) for name in m.SIGNATURES}
+assert all(len(s) == 1 for s in loaded.values()), loaded
+for extra in ({"mst": "kruskal", "check_recall": 1}, {"mst": "boruvka", "partition": "block", "dmax_filter": 0},
+              {"metric": "cosine"}, {"metric": "dot", "max_cluster_size": 50}):
+    config = {"synthetic": 1, "n": 1500, "d": 4, "clusters": 8, "noise": 0.1, **extra}
+    InProcess(hd.HDBSCANDriver, hd.HDBSCANExecutor, config, 3).run()
+used = {(m.__name__, name) for m in (knn, tree) for name in vars(m) if getattr(getattr(m, name), "signatures", None)}
+assert loaded.keys() <= used, "a listed kernel was never called: " + str(loaded.keys() - used)
+added = {key: getattr(__import__(key[0], fromlist=["x"]), key[1]).signatures for key in loaded}
+added = {key: sigs for key, sigs in added.items() if len(sigs) != 1}
+assert not added, "the executors called kernels with types not in SIGNATURES: " + str(added)
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=290,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]

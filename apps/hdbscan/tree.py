@@ -338,3 +338,14 @@ def extract(n: int, u: np.ndarray, v: np.ndarray, w: np.ndarray, min_cluster_siz
     parent, child, lam, csize, num_clusters = condense(link, min_cluster_size)
     selected, _ = select_eom(parent, child, lam, csize, n, num_clusters, max_cluster_size)
     return label_points(parent, child, n, num_clusters, selected)
+
+
+# The argument types the executors pass (numba's signature syntax); see knn.preload.
+SIGNATURES = {
+    "_kruskal": "(i8, i4[::1], i4[::1], f4[::1], i8[::1])",
+    "boruvka_candidates": "(i4[::1], i4[::1], f4[::1], i4[::1], i8)",
+    "single_linkage": "(i8, i4[::1], i4[::1], f8[::1], i8[::1])",
+    "condense": "(f8[:, ::1], i8)",
+    "select_eom": "(i8[::1], i8[::1], f8[::1], i8[::1], i8, i8, i8)",
+    "label_points": "(i8[::1], i8[::1], i8, i8, b1[::1])",
+}
