@@ -132,14 +132,18 @@ class Process:
             self.send("master", (P.DRAIN_ME,))
         return False
 
-    def send(self, peer: str, msg: Any, pickler: Any = None) -> int:
+    def reach(self, peer: str) -> None:
+        """Connect to ``peer`` (by its registry entry) unless connected already."""
         ep = self.endpoint
         if not ep.knows(peer):
             info = self.membership.master() if peer == "master" else self.membership.member(peer)
             if info is None:
                 raise LitzError(f"{self.ident}: unknown peer {peer}")
             ep.connect(peer, info["address"])
-        return ep.send(peer, (self.epoch, msg), pickler)
+
+    def send(self, peer: str, msg: Any, pickler: Any = None) -> int:
+        self.reach(peer)
+        return self.endpoint.send(peer, (self.epoch, msg), pickler)
 
     def receive(self) -> Iterator[tuple[str, Any]]:
         """Messages received so far that belong to this process's epoch."""

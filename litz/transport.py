@@ -116,6 +116,8 @@ class Endpoint:
         sock.connect(address)
         self._peers[peer] = sock
         self._addresses[peer] = address
+        if self._rings:  # offered now, so it is accepted before the first large frame (which would go inline)
+            self._offer(peer)
 
     def unreachable(self, grace_s: float) -> list[str]:
         """Watched peers whose connection dropped and has not come back for ``grace_s``, each reported once.

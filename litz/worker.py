@@ -339,6 +339,8 @@ class Worker(Process):
         if version <= self.map_version:
             return
         self.map_version = version
+        for server in set(owners):  # now, so that the connections and their rings are up before the first get
+            self.reach(server)
         if self.shardmap is None:
             self.shardmap = ShardMap(num_shards, owners)
             return
