@@ -85,6 +85,7 @@ class ScaleOperation:
 
 class Master(Process):
     role = "master"
+    watches_peers = WATCH_CONNECTIONS  # a lost member is noticed by its dropped connection
 
     def __init__(self, app: App, membership: Membership, secret: str, *, config: dict,
                  num_executors: int | None, num_shards: int = 0, min_workers: int = 1, min_servers: int = 1,
@@ -420,7 +421,7 @@ class Master(Process):
                 self.rebalance("scale_out", [sender])
 
     def on_hello(self, ident: str, role: str, info: dict) -> None:
-        self.endpoint.connect(ident, info["address"], watch=WATCH_CONNECTIONS)
+        self.endpoint.connect(ident, info["address"])  # watched (watches_peers), maybe made already
         members = self.workers if role == "worker" else self.servers
         members[ident] = Member(ident, role, {**(self.membership.member(ident) or {}), **info,
                                               "id_taken": self.membership.get(f"ids/{ident}")})

@@ -79,12 +79,13 @@ class Process:
     """
 
     borrows_frames = False
+    watches_peers = False  # its endpoint follows every connection it makes (Endpoint.unreachable)
 
     def __init__(self, ident: str, membership: Membership, secret: str, host: str = "127.0.0.1",
                  port: int = 0, bind_host: str | None = None):
         self.ident = ident
         self.membership = membership
-        self.endpoint = Endpoint(ident, secret, host=host, port=port, bind_host=bind_host)
+        self.endpoint = Endpoint(ident, secret, host=host, port=port, bind_host=bind_host, watch=self.watches_peers)
         self.pid = os.getpid()
         self.epoch = 0
         self._future: list[tuple[str, int, Any]] = []

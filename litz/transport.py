@@ -63,8 +63,9 @@ class _Watch:
 
 class Endpoint:
     def __init__(self, ident: str, secret: str, host: str = "127.0.0.1", port: int = 0,
-                 bind_host: str | None = None):
+                 bind_host: str | None = None, watch: bool = False):
         self.ident = ident
+        self._watch_all = watch  # the default of connect(watch=)
         self._public, self._secret = curve_keypair(secret)
         self.context = zmq.Context()
         self._auth = Authenticator(self.context, self._public)
@@ -95,12 +96,14 @@ class Endpoint:
         self._next_ring = 1
 
     # -- peers ---------------------------------------------------------------------------------------
-    def connect(self, peer: str, address: str, watch: bool = False) -> None:
+    def connect(self, peer: str, address: str, watch: bool | None = None) -> None:
         """Know ``peer`` at ``address`` (reconnects if the address changed). ``watch``: follow the connection,
-        for :meth:`unreachable`."""
+        for :meth:`unreachable` (default: as the endpoint was made). A connection is made on the first message
+        either way, also to answer a peer's ring offer, so an endpoint that watches its peers watches all."""
         if self._addresses.get(peer) == address:
             return
         self.disconnect(peer)
+        watch = self._watch_all if watch is None else watch
         sock = self.context.socket(zmq.DEALER)
         sock.routing_id = self.ident.encode()
         sock.curve_serverkey = self._public

@@ -162,3 +162,27 @@ def test_borrowed_frames_hold_their_ring_space_until_the_next_message(pair):
     assert [i for i, _ in seen] == [1, 2]
     assert seen[1][1] == seen[0][1] + MIB  # taking message 2 released message 1, not message 2
     assert int(reader._map.consumed[0]) == seen[1][1] + MIB  # the end of drain released message 2
+
+
+@pytest.mark.timeout(30)
+def test_rings_are_offered_on_connect_and_the_answering_connection_is_watched():
+    """A ring is offered as soon as a connection is made, so the first large frame already uses it. The peer
+    connects back to answer the offer; an endpoint that watches its peers (the master's) watches that
+    connection too, since it is the one a later connect to the same address keeps."""
+    a, b = Endpoint("a", "job-secret", watch=True), Endpoint("b", "job-secret")
+    try:
+        b.connect("a", a.address)  # offers b -> a
+        pump(a)  # a connects back to answer (and offers a -> b)
+        pump(b)  # b learns that a accepted
+        assert "a" in b._writers and "b" in a._readers and "b" in a._watches
+        a.connect("b", b.address)
+        assert "b" in a._watches and "b" in a._readers
+        x = np.arange(MIB // 4, dtype=np.float32)
+        b.send("a", ("m", x))
+        assert b._writers["a"][1].head > 0  # the first large frame went through the ring
+        assert np.array_equal(receive(a, 1)[0][1][1], x)
+        pump(b)
+        assert "b" in a._writers and "a" not in b._watches  # a's offer was answered too; b watches nothing
+    finally:
+        a.close()
+        b.close()
