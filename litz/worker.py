@@ -340,7 +340,10 @@ class Worker(Process):
             return
         self.map_version = version
         for server in set(owners):  # now, so that the connections and their rings are up before the first get
-            self.reach(server)
+            try:
+                self.reach(server)
+            except LitzError:  # gone from the registry already (the job is ending): a send would say so
+                pass
         if self.shardmap is None:
             self.shardmap = ShardMap(num_shards, owners)
             return
