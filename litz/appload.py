@@ -9,6 +9,7 @@ import secrets
 import sys
 import traceback
 import types
+import weakref
 from dataclasses import dataclass, field
 from types import ModuleType
 
@@ -21,6 +22,14 @@ from .errors import AppError, LitzError
 # finds the class here and uses it as it is, instead of unpickling its copy (50 ms for apps.hdbscan: numba
 # dispatchers are rebuilt one by one); a fresh interpreter or another machine finds nothing and unpickles.
 _LOADED: dict[str, type] = {}
+# Executor classes pickled in this process at least once: their cloudpickle tracking ids exist (see App).
+_PICKLED: weakref.WeakSet = weakref.WeakSet()
+
+
+def loaded_tokens() -> list[str]:
+    """The tokens of the apps this process (or the launcher it was forked from) loaded: a worker says them in
+    its HELLO, and the master sends the pickled class only to a worker that lacks the job's."""
+    return list(_LOADED)
 
 
 @dataclass
@@ -30,16 +39,18 @@ class App:
     driver_cls: type
     executor_cls: type
     token: str = field(init=False)  # random, per load: names this very class object in this process and its forks
-    _blob: bytes = field(init=False, repr=False)  # read through executor_blob()
+    _blob: bytes | None = field(init=False, repr=False)  # read through executor_blob()
 
     def __post_init__(self) -> None:
-        """The blob is made here, before a launcher forks: pickling gives the app's classes cloudpickle's
-        tracking ids, and a fork that inherits them pickles and unpickles executors (moves, checkpoints) as
-        instances of the very classes it runs, like the workers that unpickle the blob."""
-        root = self.module.__name__
-        files = {name: mod.__file__ for name, mod in list(sys.modules.items())
-                 if (name == root or name.startswith(root + ".")) and getattr(mod, "__file__", None)}
-        self._blob = cloudpickle.dumps((self.executor_cls, files))
+        """The first time a process loads a class, its blob is made here, before a launcher forks: pickling gives
+        the app's classes cloudpickle's tracking ids, and a fork that inherits them pickles and unpickles
+        executors (moves, checkpoints) as instances of the very classes it runs, like the workers that unpickle
+        the blob. A launcher that loads the same class again (job after job) has the ids already, and its forked
+        workers need no blob (they have the class): it is made only if a worker asks (8 ms for apps.hdbscan)."""
+        self._blob = None
+        if self.executor_cls not in _PICKLED:
+            self.executor_blob()  # also fails here, at load, if the class cannot be pickled
+            _PICKLED.add(self.executor_cls)
         self.token = secrets.token_hex(16)
         if len(_LOADED) >= 64:  # a long-lived launcher (a notebook running job after job) keeps the newest
             del _LOADED[next(iter(_LOADED))]
@@ -49,15 +60,22 @@ class App:
         """The executor class with the app's code by value: workers need not have the app installed. The
         app's source file names travel with it, since cloudpickle (>= 3.1.3) ships code as ``<dynamic-code>``
         and an app's traceback on a worker must still name its file and line."""
+        if self._blob is None:
+            root = self.module.__name__
+            files = {name: mod.__file__ for name, mod in list(sys.modules.items())
+                     if (name == root or name.startswith(root + ".")) and getattr(mod, "__file__", None)}
+            self._blob = cloudpickle.dumps((self.executor_cls, files))
         return self._blob
 
 
-def load_executor_class(blob: bytes, token: str | None = None) -> type:
+def load_executor_class(blob: bytes | None, token: str | None = None) -> type:
     """The executor class from :meth:`App.executor_blob`, its code objects named after their source files;
     or, in a fork of the process that loaded the app, that process's class itself."""
     cls = _LOADED.get(token) if token else None
     if cls is not None:
         return cls
+    if blob is None:
+        raise LitzError("the master sent no executor class, and this process has not loaded the app")
     cls, files = cloudpickle.loads(blob)
     _restore_filenames(cls, files, set())
     return cls

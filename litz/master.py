@@ -287,7 +287,9 @@ class Master(Process):
     def join_worker(self, ident: str, executors: list[int]) -> None:
         member = self.workers[ident]
         member.first_map = self.map_version
-        self.send(ident, (P.APP, self.app.executor_blob(), self.app.token, self.config, self.num_executors))
+        # a worker forked from this launcher has the class already (by token): no need to pickle or send it
+        blob = None if self.app.token in member.info.get("app_tokens", ()) else self.app.executor_blob()
+        self.send(ident, (P.APP, blob, self.app.token, self.config, self.num_executors))
         self.send(ident, (P.MEMORY_LIMIT, self.memory_limit))
         self.send(ident, self.map_message())
         self.send(ident, (P.CREATE, executors))

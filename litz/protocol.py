@@ -1,7 +1,7 @@
 """Message tags. A message is a tuple whose first element is one of these."""
 
-HELLO = "hello"        # worker/server -> master: (HELLO, role, info)
-APP = "app"            # master -> worker: (APP, executor_blob, app token, config, num_executors)
+HELLO = "hello"        # worker/server -> master: (HELLO, role, info: address, a worker's app_tokens)
+APP = "app"            # master -> worker: (APP, executor_blob | None: HELLO named the token, token, config, executors)
 SHARDS = "shards"      # master -> worker/server: (SHARDS, num_shards, owners, map_version)
 CREATE = "create"      # master -> worker: (CREATE, [eid, ...])
 READY = "ready"        # worker -> master: (READY, [eid, ...])

@@ -21,7 +21,7 @@ import zmq
 from . import protocol as P
 from . import wire
 from .api import Executor
-from .appload import load_executor_class
+from .appload import load_executor_class, loaded_tokens
 from .cache import MISS, ParamCache, UpdateLog
 from .checkpoint import executor_part, read_part, sync_filesystem, write_part
 from .errors import LitzError, describe_app_exception
@@ -112,7 +112,7 @@ class Worker(Process):
 
     # -- event loop ----------------------------------------------------------------------------------
     def run(self, start_timeout: float = 600.0) -> None:
-        self.send("master", (P.HELLO, "worker", {"address": self.endpoint.address}))
+        self.send("master", (P.HELLO, "worker", {"address": self.endpoint.address, "app_tokens": loaded_tokens()}))
         self.await_welcome(start_timeout)
         last_check = time.time()
         while self.running:

@@ -121,3 +121,24 @@ def test_a_fork_finds_the_executor_class_by_token_without_unpickling_the_blob():
     with pytest.raises(pickle.UnpicklingError):  # another launcher's token: the blob is what counts
         load_executor_class(b"not a pickle", "a token from another launcher")
     assert load_executor_class(app.executor_blob(), "a token from another launcher").__name__ == "WhoAmIExecutor"
+
+
+@pytest.mark.timeout(60)
+def test_a_class_loaded_again_is_pickled_only_for_workers_that_lack_it(monkeypatch, launcher_blas_threads):
+    """A launcher running job after job loads the same class each time. The first load pickles it (before any
+    fork: cloudpickle's tracking ids); later loads pickle it only when a worker needs it. Forked workers name
+    the app's token in their HELLO and get no blob; fresh interpreters still get it and unpickle it."""
+    from litz import appload
+
+    first = appload.load_app("tests.apps.whoami")
+    again = appload.load_app("tests.apps.whoami")
+    assert again.executor_cls is first.executor_cls and first._blob is not None and again._blob is None
+    assert again.token in appload.loaded_tokens() and first.token != again.token
+    sent = []
+    real = appload.App.executor_blob
+    monkeypatch.setattr(appload.App, "executor_blob", lambda self: sent.append(self.name) or real(self))
+    facts = litz.run("tests.apps.whoami", workers=2, servers=1, executors=2, name="forked-again")
+    assert sent == [] and all(f["launcher_class"] for f in facts), "forks have the class: nothing pickled or sent"
+    monkeypatch.setenv("LITZ_SPAWN", "exec")
+    facts = litz.run("tests.apps.whoami", workers=2, servers=1, executors=2, name="exec-again")
+    assert len(sent) == 2 and not any(f["launcher_class"] for f in facts), "each fresh worker got the blob"
