@@ -91,11 +91,13 @@ class Process:
         self._future: list[tuple[str, int, Any]] = []
         self.drain_requested = False
         self._drain_sent = 0.0
+        self.stopped = False  # the master told it to stop: the job is over, nothing left to deliver
 
     def handle_lifecycle(self, tag: str, msg: tuple) -> bool:
         """Messages every worker and server handles alike: stop, refused drain, injected fault."""
         if tag == P.STOP:
             self.running = False
+            self.stopped = True
         elif tag == P.DRAIN_REFUSED:
             sys.stderr.write(f"litz: {self.role} {self.ident}: cannot leave gracefully ({msg[1]}); exiting\n")
             self.running = False
@@ -181,4 +183,4 @@ class Process:
                 raise LitzError(f"{self.role} {self.ident}: the job's master is gone")
 
     def close(self) -> None:
-        self.endpoint.close()
+        self.endpoint.close(discard=self.stopped)

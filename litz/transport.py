@@ -308,7 +308,11 @@ class Endpoint:
             if held is not None:
                 held[0].release(held[1])
 
-    def close(self) -> None:
+    def close(self, discard: bool = False) -> None:
+        """Close everything. Queued messages get the sockets' linger to reach their peers, unless ``discard``:
+        a process the master stopped has nothing left to deliver, and a message queued for a peer that exited
+        first (a ring offer or its answer, sent as a short job ended) would hold the close for the whole
+        linger."""
         for rings in (self._writers, self._offered, self._readers):
             for _, ring in rings.values():
                 ring.close()
@@ -317,7 +321,7 @@ class Endpoint:
             watch.monitor.close(linger=0)
         self._watches.clear()
         for sock in self._peers.values():
-            sock.close()
+            sock.close(linger=0 if discard else None)
         self._peers.clear()
         self.router.close(linger=0)
         self.context.term()
