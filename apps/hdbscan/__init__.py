@@ -344,6 +344,11 @@ class HDBSCANExecutor(litz.Executor):
             self.ps_update_many(items)
         return {"N": len(self.X), "D": self.X.shape[1], "n": self.n, "load_s": self.load_s}
 
+    def _candidate_seed(self, t: int) -> int:
+        """Iteration ``t``'s sampling priorities (knn.pair_priority): phase A builds rows with it, phase B the
+        rows that received candidates activate."""
+        return _seed(self.settings.seed, 3, self.executor_id, t)
+
     def _task_A(self, t: int, counts: dict[int, int]) -> dict:
         knn = _kernels()[0]
         s, e = self.settings, self.executor_id
@@ -376,11 +381,10 @@ class HDBSCANExecutor(litz.Executor):
         # which rows are built, and the reverse index that builds more in phase B (see knn.build_candidates)
         self.built, self.rcount = np.empty(self.n, np.uint8), np.empty(self.n + 1, np.int64)
         self.rrow, self.rslot = np.empty(self.n * s.k, np.int32), np.empty(self.n * s.k, np.int32)
-        self.cand_seed = _seed(s.seed, 3, e, t)
         rev = np.empty((self.n * s.k, 3), np.int32)
         m = knn.build_candidates(self.ind, self.flag, self.lo, self.n, len(self.X), np.float32(s.rho),
-                                 self.cand_seed, self.new_ci, self.new_cp, self.new_n, self.old_ci, self.old_cp,
-                                 self.old_n, rev, self.built, self.rcount, self.rrow, self.rslot)
+                                 self._candidate_seed(t), self.new_ci, self.new_cp, self.new_n, self.old_ci,
+                                 self.old_cp, self.old_n, rev, self.built, self.rcount, self.rrow, self.rslot)
         rec, rcounts = knn.pack_reverse(rev, m, self.owner, self.starts, self.num_executors)
         before = self.out_r.wire_bytes
         items += self._post(self.out_r, rec, rcounts)
@@ -399,7 +403,7 @@ class HDBSCANExecutor(litz.Executor):
         values = self.ps_get_many([k for k, _, _ in keys] + dmax_keys)
         knn.merge_reverse(mailbox.assemble(keys, values[:len(keys)], counts), self.new_ci, self.new_cp, self.new_n,
                           self.old_ci, self.old_cp, self.old_n, self.ind, self.flag, self.lo, len(self.X),
-                          np.float32(s.rho), self.cand_seed, self.built, self.rcount, self.rrow, self.rslot)
+                          np.float32(s.rho), self._candidate_seed(t), self.built, self.rcount, self.rrow, self.rslot)
         thresholds = self._concat(values[len(keys):]) if use_filter else np.zeros(0, np.float32)
         stats = np.zeros(4, np.int64)
         buf = np.empty((JOIN_BUFFER_ROWS, 3), np.float64)
@@ -418,7 +422,7 @@ class HDBSCANExecutor(litz.Executor):
         before = self.out_u.wire_bytes
         self.ps_update_many(self._post(self.out_u, rec, ucounts))
         del self.new_ci, self.old_ci, self.new_cp, self.old_cp, self.new_n, self.old_n
-        del self.built, self.rcount, self.rrow, self.rslot, self.cand_seed
+        del self.built, self.rcount, self.rrow, self.rslot
         return {"t": t, "local_accepted": int(stats[0]), "distances_computed": int(stats[1]),
                 "update_records_generated": int(stats[2]), "update_records_dropped_by_dmax": int(stats[3]),
                 "update_records_sent": int(len(rec)), "update_bytes_sent": self.out_u.wire_bytes - before,
