@@ -144,7 +144,6 @@ class Master(Process):
         store = CheckpointStore(checkpoint_dir, checkpoint_keep) if checkpoint_dir else None
         self.recovery = Recovery(self, store, checkpoint_every, partial=partial_recovery,
                                  priority=priority_checkpoint)
-        self.inflight_tasks: dict[int, tuple] = {}  # sent and not completed: partial recovery re-sends them
         self.memory_limit = memory_limit  # per worker, for executor state (out-of-core beyond it)
         self.history: list[dict] = []  # status samples over time, for litzctl plot
         self.resume = resume
@@ -356,7 +355,6 @@ class Master(Process):
         self.operation = None
         self.map_dirty = False
         self.in_flight = self.sent_in_flight = 0
-        self.inflight_tasks.clear()
         self.started = False
         for member in (*self.workers.values(), *self.servers.values()):
             member.retire_sent = False
@@ -441,13 +439,11 @@ class Master(Process):
 
     def on_done(self, results: list) -> None:
         driver = self.driver
-        inflight = self.inflight_tasks
-        for tid, result in results:
+        for _tid, result in results:
             if self.finished:
                 return
             self.in_flight -= 1
             self.sent_in_flight -= 1
-            inflight.pop(tid, None)
             self.tasks_completed += 1
             self.version += 1
             try:
@@ -456,6 +452,14 @@ class Master(Process):
                 raise
             except Exception:
                 raise AppError("driver handle_task_completion", traceback.format_exc()) from None
+
+    def on_partial_recovery(self, info: dict) -> None:
+        try:
+            self.driver.handle_partial_recovery(info)
+        except InputError:
+            raise
+        except Exception:
+            raise AppError("driver handle_partial_recovery", traceback.format_exc()) from None
 
     def note_writes(self, writer: str, keys: Any) -> None:
         """Completions from ``writer`` wrote ``keys`` (None: any): the other workers' caches must hear of it
@@ -508,7 +512,6 @@ class Master(Process):
         else:
             self.outbox[self.executor_owner[eid]].append(task)
             self.sent_in_flight += 1
-            self.inflight_tasks[task[0]] = task
 
     def release_paused(self) -> None:
         tasks, self.paused_tasks = self.paused_tasks, []

@@ -49,8 +49,8 @@ PRIORITY_CHECKPOINT = "priority_checkpoint"  # master -> server: (PRIORITY_CHECK
 PRIORITY_DISTANCES = "priority_distances"    # server -> master: (PRIORITY_DISTANCES, histogram, error)
 PRIORITY_SAVE = "priority_save"              # master -> server: (PRIORITY_SAVE, root, count) save your count farthest
 PRIORITY_SAVED = "priority_saved"  # server -> master: (PRIORITY_SAVED, values saved, held, keys saved, held, error)
-RESTORE_SHARDS = "restore_shards"            # master -> live server: (RESTORE_SHARDS, source, root, {shard: meta})
-RESET_TASKS = "reset_tasks"                  # master -> worker: (RESET_TASKS, shard_map_message) keep executors
+RESTORE_SHARDS = "restore_shards"  # master -> live server: (RESTORE_SHARDS, source, root, {shard: meta}, lost, owners)
+SERVERS_LOST = "servers_lost"      # master -> worker: (SERVERS_LOST, lost idents, shard_map_message): ask again
 
 # out-of-core (thesis §4.8)
 MEMORY_LIMIT = "memory_limit"  # master -> worker: (MEMORY_LIMIT, bytes or None)

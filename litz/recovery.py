@@ -318,7 +318,14 @@ class Recovery:
                 and any(i not in lost_ids for i in m.servers) and (self.priority is not None or bool(self.usable())))
 
     def recover_partially(self, lost: list[Member]) -> None:
-        """Reload only the lost shards (running checkpoint, else the latest full one); keep all else as it is."""
+        """Reload only the lost shards (running checkpoint, else the latest full one); keep all else as it is.
+
+        Nothing else stops or starts over: no task is reset or dispatched again, and no message between the
+        live processes is dropped (the epoch stays). The live servers load the lost shards; then each worker
+        sends what the lost servers never answered (gets, and the parts of update flushes they never
+        acknowledged) to the shards' new owners. So a task that has run is never run again on its stateful
+        executor, and the live servers apply every update exactly once; only the lost shards go back to the
+        checkpoint, as SCAR intends."""
         m = self.master
         t0 = time.time()
         lost_ids = [x.ident for x in lost]
@@ -328,8 +335,9 @@ class Recovery:
             ckpt = self.usable()[0]
             source, root, files = "full", ckpt.path, ckpt.manifest["files"]
         self.abort_in_progress()
-        m.flush_outbox()  # sent under the old epoch; the reset drops them and they are dispatched again below
-        m.epoch += 1
+        # first: completions handled while the shards are reloaded may already have read restored values
+        m.on_partial_recovery({"lost": lost_ids, "source": source, "shards_restored": sum(
+            owner in lost_ids for owner in m.shard_owner)})
         self.replace(lost)  # a replacement joins later; the balancer then gives it shards
         live = sorted(m.servers)
         lost_shards = [s for s, owner in enumerate(m.shard_owner) if owner in lost_ids]
@@ -342,23 +350,15 @@ class Recovery:
         self.restoring = {"waiting": set(live), "error": None}
         for ident in live:
             mine = {s: (files[shard_part(s)] if files else None) for s in lost_shards if m.shard_owner[s] == ident}
-            m.send(ident, (P.RESTORE_SHARDS, source, root, mine))
+            m.send(ident, (P.RESTORE_SHARDS, source, root, mine, lost_ids, list(m.shard_owner)))
         self.await_restored()
         self.restoring = {"waiting": set(m.workers), "error": None}
-        for ident in m.workers:
-            m.workers[ident].first_map = m.map_version
-            m.send(ident, (P.RESET_TASKS, m.map_message()))
+        for ident in m.workers:  # after the restores: what a worker sends again must find the restored shards
+            m.send(ident, (P.SERVERS_LOST, lost_ids, m.map_message()))
         self.await_restored()
         self.restoring = None
-        again = sorted(m.inflight_tasks.values())
-        m.inflight_tasks.clear()
-        m.sent_in_flight = 0
-        m.in_flight -= len(again)
-        for _, eid, _, args in again:
-            m.dispatch_task(eid, args)
         m.joblog.event("partial_recovery", lost=lost_ids, noticed={x.ident: x.noticed for x in lost}, source=source,
-                       shards_restored=len(lost_shards), tasks_redispatched=len(again),
-                       duration_s=round(time.time() - t0, 4))
+                       shards_restored=len(lost_shards), duration_s=round(time.time() - t0, 4))
 
     def replace(self, lost: list[Member]) -> None:
         """Forget the lost processes; a local launcher starts a new one for each."""

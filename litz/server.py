@@ -106,7 +106,7 @@ class Server(Process):
         elif tag == P.PRIORITY_SAVE:  # step 4: the coordinator's pick here: this server's count farthest values
             self.send("master", (P.PRIORITY_SAVED, *self.running_ckpt.save_top(msg[1], self.shards, msg[2]), None))
         elif tag == P.RESTORE_SHARDS:
-            self.restore_lost_shards(msg[1], msg[2], msg[3])
+            self.restore_lost_shards(msg[1], msg[2], msg[3], set(msg[4]), msg[5])
         elif not self.handle_lifecycle(tag, msg):
             self.send("master", (P.FAIL, f"server {self.ident}", f"unexpected message {tag!r}"))
 
@@ -221,9 +221,18 @@ class Server(Process):
             return
         self.send("master", (P.RESTORED,))
 
-    def restore_lost_shards(self, source: str, root: str, parts: dict[int, dict | None]) -> None:
-        """SCAR partial recovery: load only the shards of a lost server; everything held here stays."""
-        self.forward.clear()  # the lost server cannot be forwarded to; the new map reaches every worker
+    def restore_lost_shards(self, source: str, root: str, parts: dict[int, dict | None], lost: set[str],
+                            owners: list[str]) -> None:
+        """SCAR partial recovery: load only the shards of a lost server; everything held here stays.
+
+        Requests still arrive under older shard maps (nothing is reset), so what was forwarded to a lost
+        server now goes to its shard's new owner, or stays here if that is this server."""
+        for shard, dest in list(self.forward.items()):
+            if dest in lost:
+                if owners[shard] == self.ident:
+                    del self.forward[shard]
+                else:
+                    self.forward[shard] = owners[shard]
         try:
             for shard, meta in parts.items():
                 if source == "running":

@@ -87,8 +87,11 @@ class Worker(Process):
         self.out_gets: dict[str, list] = defaultdict(list)
         self.completed: list[tuple[int, Any]] = []
         # flush_id -> [items not yet acknowledged, results, {server: its items until it acknowledges them},
-        #             the keys written or None]
+        #             the keys written or None]; parts sent again after a partial recovery are keyed
+        #             (server, their own flush id), and resent_fids maps that id back to the flush
         self.flushing: dict[int, list] = {}
+        self.resent_fids: dict[int, int] = {}
+        self.lost_servers: set[str] = set()  # lost, their requests sent elsewhere: late answers are ignored
         self.started: dict[int, int] = defaultdict(int)  # eid -> tasks started and not finished
         self.moving: dict[int, tuple[str, bool, bool, list]] = {}  # eid -> (dest, with_input, copied, buffered)
         self.copied: dict[int, dict] = {}  # eid -> input data sent ahead to its destination (scale-out)
@@ -150,6 +153,8 @@ class Worker(Process):
 
     def handle(self, sender: str, msg: tuple) -> None:
         tag = msg[0]
+        if sender in self.lost_servers:
+            return  # read after the partial recovery: what it answered was asked again elsewhere
         if tag == P.TASKS:
             gen = self.gen
             to_load = []
@@ -203,17 +208,8 @@ class Worker(Process):
             self.residency.budget = msg[1]
             if msg[1] is not None:
                 self.enforce_budget()
-        elif tag == P.RESET_TASKS:
-            for eid in list(self.residency.spilled):
-                self.load_now(eid)
-            executors = dict(self.executors)
-            self.reset()  # in-flight work of the old epoch is gone; the master dispatches it again
-            self.executors.update(executors)
-            for eid, ex in executors.items():
-                self.residency.add(eid, ex)
-            self.map_version, self.shardmap = -1, None
-            self.on_shard_map(msg[1][1], list(msg[1][2]), msg[1][3])
-            self.send("master", (P.RESTORED,))
+        elif tag == P.SERVERS_LOST:
+            self.servers_lost(set(msg[1]), msg[2])
         elif not self.handle_lifecycle(tag, msg):
             self.fail(f"worker {self.ident}", f"unexpected message {tag!r} from {sender}")
 
@@ -339,6 +335,7 @@ class Worker(Process):
         if version <= self.map_version:
             return
         self.map_version = version
+        self.lost_servers -= set(owners)  # an ident given shards again is a live server: hear it
         for server in set(owners):  # now, so that the connections and their rings are up before the first get
             try:
                 self.reach(server)
@@ -350,8 +347,41 @@ class Worker(Process):
         old = set(self.shardmap.owners)
         self.shardmap.owners = owners
         self.cache.invalidate(None)  # answers and acknowledgements may now come from other servers, in any order
-        for server in old - set(owners):
+        for server in old - set(owners) - self.lost_servers:
             self.send(server, (P.FENCE, version))  # behind every request we ever sent it
+
+    def servers_lost(self, lost: set[str], shard_map: tuple) -> None:
+        """SCAR partial recovery: the live servers hold the lost shards now (restored from a checkpoint).
+        Ask their new owners what the lost servers never answered: outstanding gets, and the parts of update
+        flushes they never acknowledged. Nothing else changes, so no task runs twice and the live servers see
+        every update once. (A flush part that a live server forwarded to a lost one, after a shard move the
+        worker had not yet heard of, is not sent again; its acknowledgement never comes.)"""
+        self.lost_servers |= lost
+        for server in lost:
+            self.endpoint.disconnect(server)  # what is still queued for it goes nowhere
+            self.out_gets.pop(server, None)
+        self.on_shard_map(shard_map[1], list(shard_map[2]), shard_map[3])
+        shard_of, owners = self.shardmap.shard, self.shardmap.owners
+        for rid, fetch in self.fetches.items():
+            if fetch.server in lost:  # its answer is not live: the map change invalidated every entry
+                shard = shard_of(fetch.key)
+                fetch.server = owners[shard]
+                self.out_gets[fetch.server].append((rid, shard, fetch.key))
+        for fid, entry in self.flushing.items():
+            by_server = entry[2]
+            for part in [p for p in by_server if (p if isinstance(p, str) else p[0]) in lost]:
+                if not isinstance(part, str):
+                    del self.resent_fids[part[1]]
+                regrouped: dict[str, list] = defaultdict(list)
+                for item in by_server.pop(part):
+                    regrouped[owners[item[0]]].append(item)
+                for server, items in regrouped.items():
+                    rf = self.next_fid
+                    self.next_fid += 1
+                    self.resent_fids[rf] = fid
+                    by_server[(server, rf)] = items
+                    self.send(server, (P.UPDATES, rf, items))
+        self.send("master", (P.RESTORED,))
 
     # -- executors -----------------------------------------------------------------------------------
     def _bind(self, eid: int) -> Executor:
@@ -472,6 +502,7 @@ class Worker(Process):
         self.out_gets.clear()
         self.completed.clear()
         self.flushing = {}
+        self.resent_fids.clear()
         self.started.clear()
         self.moving.clear()
         self.copied.clear()
@@ -664,11 +695,15 @@ class Worker(Process):
     def on_ack(self, server: str, fid: int, applied: int, errors: list, forwarded: bool = False) -> None:
         if errors:
             self.fail(f"ps_update on server {server}", "\n".join(errors))
+        part: str | tuple[str, int] = server
+        parent = self.resent_fids.pop(fid, None)
+        if parent is not None:  # a part sent again after a partial recovery
+            part, fid = (server, fid), parent
         flushing = self.flushing.get(fid)
         if flushing is None:
             return
         by_server = flushing[2]
-        sent = by_server.pop(server, None)
+        sent = by_server.pop(part, None)
         if sent is not None and applied == len(sent) and not forwarded:
             # Gets answered by this server before this ack did not see these updates, later ones do: add
             # them into the live entries now, before any later answer can be stored.

@@ -91,6 +91,7 @@ def _bare_worker():
 
     w = Worker.__new__(Worker)
     w.cache, w.flushing, w.fetches, w.fetch_by_key, w.runnable, w.sent = ParamCache(), {}, {}, {}, deque(), []
+    w.resent_fids = {}
     w.send = lambda peer, msg, pickler=None: w.sent.append((peer, msg))
     w.fail = lambda where, text: w.sent.append(("fail", where, text))
     return w, Fetch
