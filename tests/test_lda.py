@@ -262,3 +262,32 @@ def test_topic_recovery_metric() -> None:
     truth = np.eye(3)
     assert topic_recovery(truth[::-1] * 5, truth) == pytest.approx(1.0)
     assert topic_recovery(np.ones((3, 3)), truth) == pytest.approx(1 / np.sqrt(3))
+
+
+@pytest.mark.timeout(40)
+def test_killed_server_with_partial_recovery_recounts_the_counts(tmp_path) -> None:
+    """SCAR partial recovery puts the lost shard's counts back to a checkpoint while every z kept going: the
+    driver recounts them from the executors' z, and the counts invariant holds again for every later epoch."""
+    name, m, out, ckpt = "lda-partial", tmp_path / "m.jsonl", tmp_path / "out.json", tmp_path / "ckpt"
+    with Processes() as procs:
+        job = procs.start(endless(name, 6, "--servers", "2", "--metrics", str(m), "--output", str(out),
+                                  "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1", "--partial-recovery"))
+
+        def checkpointed():
+            return counts_reports(m) and ckpt.is_dir() and any(p.name.startswith("ckpt-") for p in ckpt.iterdir())
+
+        wait_for(checkpointed, 20, "a checked epoch and a checkpoint")
+        time.sleep(0.5)  # the counts moved on since the checkpoint (the next one is 0.5 s away)
+        assert ctl(name, "kill", "s1").returncode == 0
+        recount = wait_for(lambda: [r for r in metrics(m) if "recounts" in r], 20, "the recount")[0]
+        wait_for(lambda: [r for r in counts_reports(m) if r["time"] > recount["time"]][1:], 20,
+                 "two epochs checked after the recount")
+        assert ctl(name, "stop").returncode == 0
+        _, stderr = job.communicate(timeout=15)
+        assert job.returncode == 0, stderr
+    check_reports(m)  # every epoch checked, before and after: counts consistent, no schedule violation
+    events = json.loads(out.read_text())["events"]
+    assert [e["lost"] for e in events if e["kind"] == "partial_recovery"] == [["s1"]], events
+    assert not [e for e in events if e["kind"] == "recovery"]
+    recounts = [r for r in metrics(m) if "recounts" in r]
+    assert len(recounts) == 1 and recounts[0]["recount_fixed"] > 0, recounts  # the counts had gone stale

@@ -33,6 +33,14 @@ the block's checker compares ``("wt", b)`` with ``("zc", b)``, resets ``("zc", b
 the driver checks that the counts sum to the number of tokens and that the totals equal the blocks' column
 sums.
 
+**After a SCAR partial recovery** (``--partial-recovery``) the lost shards' counts are back at a checkpoint
+while every ``z`` kept going, so the driver recounts (thesis §5.4.1: recount what can be recounted): it stops
+dispatching rounds, waits for the running ones, then every executor adds its recomputed block counts and
+topic totals into keys of that recount (``("rc", n, b)``, ``("rc", n)``), and the checkers set ``("wt", b)``,
+``("hold", b)`` and ``("totals",)`` to the recounted values and the check sums ``("zc", b)`` to zero (a
+checkpoint taken during a check holds partial sums); then the rotation goes on where it stopped. Hold counts read stale
+before the recount are listed as ``stale_holds``, not as violations.
+
 **Log-likelihood** (the standard collapsed joint ``log p(w, z | α, β)``) is computed without a barrier:
 an executor's last round of an epoch returns its documents' part, the last holder of a block in an epoch
 returns the block's word part and column sums (= that block's share of the final topic totals), and the
@@ -42,6 +50,7 @@ Protocol (task arguments -> result dicts, all with ``kind``):
  * ``("init",)`` -> random ``z``, counts pushed to the server, kernels compiled; sizes.
  * ``("sample", round, block, ll_doc, ll_word)`` -> hold value read, tokens, seconds, optional LL parts.
  * ``("check", epoch)``, ``("check2", epoch)`` -> the counts invariant (``check_counts=1``).
+ * ``("recount", n)``, ``("recount2", n, {block: holds})`` -> the counts recomputed after a partial recovery.
  * ``("final",)`` -> top words per topic of the executor's blocks (and the full counts if needed).
 """
 from __future__ import annotations
@@ -106,6 +115,10 @@ class LDAExecutor(litz.Executor):
             return self._check(args[1])
         if kind == "check2":
             return self._check2(args[1])
+        if kind == "recount":
+            return self._recount(args[1])
+        if kind == "recount2":
+            return self._recount2(args[1], args[2])
         if kind == "final":
             return self._final()
         raise ValueError(f"unknown LDA task {args!r}")
@@ -222,6 +235,35 @@ class LDAExecutor(litz.Executor):
             out["totals"] = np.zeros(self.K, np.int64) if totals is None else np.asarray(totals, np.int64)
         return out
 
+    def _recount(self, n: int) -> dict[str, Any]:
+        """Phase 1 of recount ``n``: this executor's share of every block's counts and of the topic totals, into
+        keys of this recount only (``("zc", b)`` may hold a check's partial sums, restored from a checkpoint)."""
+        items = [(("rc", n, b), self._block_counts(b)) for b in range(self.blocks.num_blocks)]
+        self.ps_update_many(items + [(("rc", n), np.bincount(self.z, minlength=self.K).astype(np.int64))])
+        return {"kind": "recount", "executor": self.executor_id}
+
+    def _recount2(self, n: int, holds: dict[int, int]) -> dict[str, Any]:
+        """Phase 2: my blocks (and executor 0 the totals) set to the recounted values, the check sums ``zc`` to
+        zero, the hold counts to the driver's."""
+        mine = sorted(holds)
+        keys = [k for b in mine for k in (("wt", b), ("rc", n, b), ("zc", b), ("hold", b))]
+        totals = self.executor_id == 0
+        values = self.ps_get_many(keys + ([("totals",), ("rc", n)] if totals else []))
+        updates, fixed = [], 0
+        for i, b in enumerate(mine):
+            shape = (int(self.blocks.sizes[b]), self.K)
+            wt, rc, zc = (np.zeros(shape, np.int32) if v is None else np.asarray(v, np.int32)
+                          for v in values[4 * i: 4 * i + 3])
+            fixed += int(np.count_nonzero(wt != rc))
+            updates += [(("wt", b), rc - wt), (("rc", n, b), -rc), (("zc", b), -zc),
+                        (("hold", b), holds[b] - int(values[4 * i + 3] or 0))]
+        if totals:
+            nk, rt = (np.zeros(self.K, np.int64) if v is None else np.asarray(v, np.int64) for v in values[-2:])
+            fixed += int(np.count_nonzero(nk != rt))
+            updates += [(("totals",), rt - nk), (("rc", n), -rt)]
+        self.ps_update_many(updates)
+        return {"kind": "recount2", "executor": self.executor_id, "fixed": fixed}
+
     def _final(self) -> dict[str, Any]:
         s = self.settings
         mine = list(self._my_blocks())
@@ -268,6 +310,8 @@ class LDADriver(litz.Driver):
             self._checked(result)
         elif kind == "check2":
             self._checked2(result)
+        elif kind in ("recount", "recount2"):
+            self._recounted(result)
         elif kind == "final":
             self.finals.append(result)
             if len(self.finals) == self.num_executors:
@@ -305,6 +349,10 @@ class LDADriver(litz.Driver):
         self.last_start = [0] * self.B  # latest dispatch event per block
         self.last_end = [0] * self.B  # latest completion event per block
         self.overlaps = 0
+        self.checking = False  # a counts check (a barrier) is under way
+        self.recount: dict | None = None  # after a partial recovery until the counts are recounted
+        self.recounts: list[dict] = []
+        self.stale_holds = 0  # hold counts read from a restored shard before the recount
         self.epoch_parts: dict[int, dict] = {}
         self.history: list[dict] = []
         self.checks: list[dict] = []
@@ -338,7 +386,7 @@ class LDADriver(litz.Driver):
 
     def _try(self, e: int) -> None:
         r = self.next_round[e]
-        if self.busy[e] or r >= self.round_limit:
+        if self.busy[e] or r >= self.round_limit or self.recount is not None:
             return
         b = (e + r) % self.B
         if self.held[b] is not None or self.block_next[b] != (r, e):
@@ -356,8 +404,11 @@ class LDADriver(litz.Driver):
         if self.held[b] != e:
             self.violations.append(f"block {b} completed by executor {e} but held by {self.held[b]}")
         if res["hold"] != self.holds_seen[b]:
-            self.violations.append(f"block {b}, round {r}, executor {e} read hold count {res['hold']}, "
-                                   f"expected {self.holds_seen[b]}")
+            if self.recount is not None:  # read from a restored shard: the recount resets it
+                self.stale_holds += 1
+            else:
+                self.violations.append(f"block {b}, round {r}, executor {e} read hold count {res['hold']}, "
+                                       f"expected {self.holds_seen[b]}")
         self.holds_seen[b] += 1
         self.events += 1
         start = self.open_holds.pop((b, r, e))
@@ -386,6 +437,53 @@ class LDADriver(litz.Driver):
         self._try(e)
         if self.block_next[b] is not None:
             self._try(self.block_next[b][1])
+        self._maybe_recount()
+
+    # -- after a partial recovery ------------------------------------------------------------------------
+    def handle_partial_recovery(self, info: dict) -> None:
+        if not hasattr(self, "busy"):  # still initialising: the init tasks push counts computed from z
+            return
+        if self.recount is None:
+            self.recount = {"phase": "waiting", "results": [], "since": time.time(), "lost": info["lost"]}
+        elif self.recount["phase"] != "waiting":  # lost during a recount: its sums may be wrong, count again
+            self.recount["again"] = True
+        self._maybe_recount()
+
+    def _maybe_recount(self) -> None:
+        """Start the recount once no sampling round or counts check is running (a barrier)."""
+        rc = self.recount
+        if rc is None or rc["phase"] != "waiting" or any(self.busy) or self.checking:
+            return
+        rc["phase"] = "recount"
+        rc["n"] = len(self.recounts) + rc.get("tries", 0)
+        for e in range(self.num_executors):
+            self.dispatch_task(e, ("recount", rc["n"]))
+
+    def _recounted(self, res: dict) -> None:
+        rc = self.recount
+        rc["results"].append(res)
+        if len(rc["results"]) < self.num_executors:
+            return
+        results, rc["results"] = rc["results"], []
+        if rc["phase"] == "recount":
+            rc["phase"] = "recount2"
+            E = self.num_executors
+            for e in range(E):
+                self.dispatch_task(e, ("recount2", rc["n"], {b: self.holds_seen[b] for b in range(e, self.B, E)}))
+            return
+        self.recounts.append({"lost": rc["lost"], "entries_fixed": sum(r["fixed"] for r in results),
+                              "seconds": round(time.time() - rc["since"], 4)})
+        self.report(recounts=len(self.recounts), recount_fixed=self.recounts[-1]["entries_fixed"],
+                    stale_holds=self.stale_holds)
+        if rc.get("again"):
+            rc.update(phase="waiting", again=False, tries=rc.get("tries", 0) + 1)
+            self._maybe_recount()
+            return
+        then, self.recount = rc.get("then"), None
+        if then is not None:  # the epoch ended while it waited: its check or the end comes now
+            self._end_epoch(then)
+        for e in range(self.num_executors):
+            self._try(e)
 
     def _epoch_done(self, epoch: int, parts: dict) -> None:
         s = self.s
@@ -401,13 +499,20 @@ class LDADriver(litz.Driver):
         self.history.append(entry)
         self.report(**{k: (round(v, 6) if isinstance(v, float) else v) for k, v in entry.items()},
                     schedule_violations=len(self.violations))
-        if s.check_counts:
+        if self.recount is not None:
+            self.recount["then"] = epoch  # check or finish with the recounted counts
+        else:
+            self._end_epoch(epoch)
+
+    def _end_epoch(self, epoch: int) -> None:
+        if self.s.check_counts:
             self._check_round(epoch)
-        elif epoch + 1 == s.epochs:
+        elif epoch + 1 == self.s.epochs:
             self._final_round()
 
     # -- counts invariant ------------------------------------------------------------------------------
     def _check_round(self, epoch: int) -> None:
+        self.checking = True
         self.check_results = []
         for e in range(self.num_executors):
             self.dispatch_task(e, ("check", epoch))
@@ -435,8 +540,13 @@ class LDADriver(litz.Driver):
                  "totals_match": bool(np.array_equal(totals, cols))}
         entry["ok"] = bool(entry["wt_sum"] == entry["totals_sum"] == entry["z_tokens"] == self.N
                            and entry["mismatched"] == 0 and entry["ndk_ok"] and entry["totals_match"])
-        self.checks.append(entry)
         self.check_results = []
+        self.checking = False
+        if self.recount is not None:  # a partial recovery during the check: recount, then check again
+            self.recount.setdefault("then", epoch)
+            self._maybe_recount()
+            return
+        self.checks.append(entry)
         self.report(counts_check_epoch=epoch + 1, counts_ok=entry["ok"], schedule_violations=len(self.violations))
         if epoch + 1 >= self.s.epochs:
             self._final_round()
@@ -456,7 +566,7 @@ class LDADriver(litz.Driver):
         for b, r, e in self.open_holds:
             self.violations.append(f"block {b} is still held by executor {e} (round {r}) at the end")
         return {"holds": sum(self.holds_seen), "expected_holds": self.num_executors * self.total_rounds,
-                "overlaps": self.overlaps, "violations": list(self.violations)}
+                "overlaps": self.overlaps, "violations": list(self.violations), "stale_holds": self.stale_holds}
 
     def _finish(self) -> None:
         s, K = self.s, self.s.topics
@@ -472,7 +582,7 @@ class LDADriver(litz.Driver):
             "sampling_s": sum(h["seconds"] for h in self.history),
             "compute_s": self.compute_s, "compute_cpu_s": self.compute_cpu_s, "top_words": top_words,
             "history": self.history,
-            "state_bytes": self.state_bytes, "schedule": self._schedule_summary(),
+            "state_bytes": self.state_bytes, "schedule": self._schedule_summary(), "recounts": self.recounts,
         }
         if s.check_counts:
             result["counts_checks"] = self.checks
