@@ -8,7 +8,8 @@ the master writes the driver and the manifest last and renames the checkpoint in
 Recovery: the epoch goes up (older messages are dropped everywhere), servers load the shards, then
 workers load the executors and re-load their input, then the driver is restored and its buffered tasks are
 dispatched again. A corrupted checkpoint is skipped for the previous one; a failure during recovery
-starts it over.
+starts it over. SCAR's partial recovery (lost servers only) changes no epoch and resets nothing: see
+:meth:`Recovery.recover_partially`.
 """
 from __future__ import annotations
 
