@@ -130,3 +130,35 @@ def test_live_entries_off_serve_by_the_version_rule_alone():
     c = ParamCache(live=False)  # LITZ_LIVE_CACHE=0
     c.store("k", 5, np.zeros(3), c.ticket())
     assert not c.is_live("k") and c.lookup("k", 6, live_ok=True) is MISS and c.lookup("k", 5) is not MISS
+
+
+def test_after_a_partial_recovery_what_lost_servers_never_answered_goes_to_the_new_owners():
+    """Gets and unacknowledged flush parts of the lost server s1 go to its shards' new owners, under flush
+    ids of their own; a late answer from s1 is ignored; the flush completes once every part is acknowledged."""
+    import types
+    from collections import defaultdict
+
+    from litz import protocol as P
+    from litz.keys import ShardMap
+
+    w, Fetch = _bare_worker()
+    w.lost_servers, w.out_gets, w.next_fid, w.map_version = set(), defaultdict(list), 5, 1
+    w.shardmap = ShardMap(4, ["s0", "s1", "s0", "s1"])
+    w.reach = lambda peer: None
+    w.endpoint = types.SimpleNamespace(disconnect=lambda peer: w.sent.append(("disconnect", peer)))
+    key = {}
+    for i in range(1000):
+        key.setdefault(w.shardmap.shard(f"k{i}"), f"k{i}")
+    w.fetches[3] = Fetch(key[1], 2, "s1", w.cache.ticket())
+    w.fetches[4] = Fetch(key[0], 2, "s0", w.cache.ticket())
+    w.flushing[4] = [3, ["res"], {"s0": [(0, key[0], 1)], "s1": [(1, key[1], 2), (3, key[3], 4)]}, None]
+    w.servers_lost({"s1"}, (P.SHARDS, 4, ["s0", "s2", "s0", "s0"], 2))
+    assert ("disconnect", "s1") in w.sent and w.sent[-1] == ("master", (P.RESTORED,))
+    assert dict(w.out_gets) == {"s2": [(3, 1, key[1])]}  # the get s0 owes is still s0's
+    assert ("s2", (P.UPDATES, 5, [(1, key[1], 2)])) in w.sent and ("s0", (P.UPDATES, 6, [(3, key[3], 4)])) in w.sent
+    w.handle("s1", (P.ACK, 4, 2, []))  # s1's answer read late: it must not count
+    w.on_ack("s0", 4, 1, [])
+    w.on_ack("s2", 5, 1, [])
+    assert not [m for m in w.sent if m[0] == "master" and m[1][0] == P.DONE]
+    w.on_ack("s0", 6, 1, [])
+    assert w.sent[-1] == ("master", (P.DONE, ["res"], None)) and not w.flushing and not w.resent_fids
