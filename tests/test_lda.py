@@ -271,13 +271,15 @@ def test_killed_server_with_partial_recovery_recounts_the_counts(tmp_path) -> No
     name, m, out, ckpt = "lda-partial", tmp_path / "m.jsonl", tmp_path / "out.json", tmp_path / "ckpt"
     with Processes() as procs:
         job = procs.start(endless(name, 6, "--servers", "2", "--metrics", str(m), "--output", str(out),
-                                  "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1", "--partial-recovery"))
+                                  "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2", "--partial-recovery"))
 
         def checkpointed():
             return counts_reports(m) and ckpt.is_dir() and any(p.name.startswith("ckpt-") for p in ckpt.iterdir())
 
         wait_for(checkpointed, 20, "a checked epoch and a checkpoint")
-        time.sleep(0.5)  # the counts moved on since the checkpoint (the next one is 0.5 s away)
+        # the kill (litzctl starts in ~0.3 s) lands about 0.7 s after the checkpoint, 1.3 s before the next: the
+        # counts move on in between (a kill right after a checkpoint would leave nothing stale to recount)
+        time.sleep(0.4)
         assert ctl(name, "kill", "s1").returncode == 0
         recount = wait_for(lambda: [r for r in metrics(m) if "recounts" in r], 20, "the recount")[0]
         wait_for(lambda: [r for r in counts_reports(m) if r["time"] > recount["time"]][1:], 20,
