@@ -1,4 +1,7 @@
 """Errors that end a job with one clear line instead of a traceback."""
+import contextlib
+import traceback
+from collections.abc import Iterator
 
 
 class LitzError(Exception):
@@ -20,10 +23,19 @@ class AppError(LitzError):
         self.traceback_text = traceback_text
 
 
+@contextlib.contextmanager
+def app_code(where: str) -> Iterator[None]:
+    """Around a call into the app: its InputError passes as it is, any other exception becomes an AppError."""
+    try:
+        yield
+    except InputError:
+        raise
+    except Exception:
+        raise AppError(where, traceback.format_exc()) from None
+
+
 def describe_app_exception(where: str, exc: BaseException) -> tuple[str, str]:
     """(where, text) for a FAIL message: an InputError travels as its message alone, others with a traceback."""
-    import traceback
-
     if isinstance(exc, InputError):
         return where, f"{INPUT_ERROR_MARK}{exc}"
     return where, traceback.format_exc()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import socket
 import time
-import traceback
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +24,7 @@ import zmq
 from . import protocol as P
 from .appload import App
 from .checkpoint import CheckpointStore
-from .errors import AppError, InputError, LitzError, app_error
+from .errors import LitzError, app_code, app_error
 from .joblog import JobLog, check_json
 from .membership import Membership
 from .outofcore import parse_bytes
@@ -305,13 +304,9 @@ class Master(Process):
         self.started = True
         self.joblog.start = time.time()
         self._rate_samples = [(time.time(), 0)]
-        try:
+        with app_code("driver dispatch_initial_tasks"):
             driver.__init__()
             driver.dispatch_initial_tasks()
-        except InputError:
-            raise
-        except Exception:
-            raise AppError("driver dispatch_initial_tasks", traceback.format_exc()) from None
         self.flush_outbox()
         self.check_progress()
         self.rebalance("scale_out", [])  # workers that joined between placement and start
@@ -439,27 +434,19 @@ class Master(Process):
 
     def on_done(self, results: list) -> None:
         driver = self.driver
-        for _tid, result in results:
-            if self.finished:
-                return
-            self.in_flight -= 1
-            self.sent_in_flight -= 1
-            self.tasks_completed += 1
-            self.version += 1
-            try:
+        with app_code("driver handle_task_completion"):  # once for the batch: this runs for every task
+            for _tid, result in results:
+                if self.finished:
+                    return
+                self.in_flight -= 1
+                self.sent_in_flight -= 1
+                self.tasks_completed += 1
+                self.version += 1
                 driver.handle_task_completion(result)
-            except InputError:
-                raise
-            except Exception:
-                raise AppError("driver handle_task_completion", traceback.format_exc()) from None
 
     def on_partial_recovery(self, info: dict) -> None:
-        try:
+        with app_code("driver handle_partial_recovery"):
             self.driver.handle_partial_recovery(info)
-        except InputError:
-            raise
-        except Exception:
-            raise AppError("driver handle_partial_recovery", traceback.format_exc()) from None
 
     def note_writes(self, writer: str, keys: Any) -> None:
         """Completions from ``writer`` wrote ``keys`` (None: any): the other workers' caches must hear of it
