@@ -335,8 +335,9 @@ class Worker(Process):
         if version <= self.map_version:
             return
         self.map_version = version
-        self.lost_servers -= set(owners)  # an ident given shards again is a live server: hear it
-        for server in set(owners):  # now, so that the connections and their rings are up before the first get
+        servers = set(owners)
+        self.lost_servers -= servers  # an ident given shards again is a live server: hear it
+        for server in servers:  # now, so that the connections and their rings are up before the first get
             try:
                 self.reach(server)
             except LitzError:  # gone from the registry already (the job is ending): a send would say so
@@ -347,7 +348,7 @@ class Worker(Process):
         old = set(self.shardmap.owners)
         self.shardmap.owners = owners
         self.cache.invalidate(None)  # answers and acknowledgements may now come from other servers, in any order
-        for server in old - set(owners) - self.lost_servers:
+        for server in old - servers - self.lost_servers:
             self.send(server, (P.FENCE, version))  # behind every request we ever sent it
 
     def servers_lost(self, lost: set[str], shard_map: tuple) -> None:

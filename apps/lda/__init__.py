@@ -352,6 +352,7 @@ class LDADriver(litz.Driver):
         self.checking = False  # a counts check (a barrier) is under way
         self.recount: dict | None = None  # after a partial recovery until the counts are recounted
         self.recounts: list[dict] = []
+        self.recount_seq = 0  # names each recount's keys: a recount started again counts into fresh ones
         self.stale_holds = 0  # hold counts read from a restored shard before the recount
         self.epoch_parts: dict[int, dict] = {}
         self.history: list[dict] = []
@@ -455,7 +456,7 @@ class LDADriver(litz.Driver):
         if rc is None or rc["phase"] != "waiting" or any(self.busy) or self.checking:
             return
         rc["phase"] = "recount"
-        rc["n"] = len(self.recounts) + rc.get("tries", 0)
+        rc["n"], self.recount_seq = self.recount_seq, self.recount_seq + 1
         for e in range(self.num_executors):
             self.dispatch_task(e, ("recount", rc["n"]))
 
@@ -476,7 +477,7 @@ class LDADriver(litz.Driver):
         self.report(recounts=len(self.recounts), recount_fixed=self.recounts[-1]["entries_fixed"],
                     stale_holds=self.stale_holds)
         if rc.get("again"):
-            rc.update(phase="waiting", again=False, tries=rc.get("tries", 0) + 1)
+            rc.update(phase="waiting", again=False)
             self._maybe_recount()
             return
         then, self.recount = rc.get("then"), None
