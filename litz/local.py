@@ -9,9 +9,11 @@ finish, error, Ctrl-C.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -42,7 +44,11 @@ class LocalProcesses:
         self.name, self.home, self.etcd = name, home, etcd
         self.server_memory_limit = server_memory_limit
         user_blas = {k: os.environ[k] for k in ONE_BLAS_THREAD if k in os.environ}
-        self.env = {**ONE_BLAS_THREAD, **user_blas, "LITZ_SECRET": secret, "LITZ_PARENT_PID": str(os.getpid())}
+        # the job's Unix sockets (litz.transport): mkdtemp makes it 0700. Under /tmp, not the job's home: a
+        # socket's path must stay under 108 bytes.
+        self.local_dir = tempfile.mkdtemp(prefix="litz-")
+        self.env = {**ONE_BLAS_THREAD, **user_blas, "LITZ_SECRET": secret, "LITZ_PARENT_PID": str(os.getpid()),
+                    "LITZ_LOCAL_DIR": self.local_dir}
         self.ring_prefix = ring_prefix(secret)
         self.procs: list[tuple[str, Any]] = []
         self.reported: set[int] = set()
@@ -101,9 +107,11 @@ class LocalProcesses:
         shmring.remove_all(self.ring_prefix)  # rings a killed child offered and nobody mapped
 
     def close_forks(self) -> None:
+        """End the fork server and remove the sockets' directory: nothing of the job starts after this."""
         if self.forks is not None:
             self.forks.close()
             self.forks = None
+        shutil.rmtree(self.local_dir, ignore_errors=True)
 
 
 def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = None,
@@ -144,6 +152,7 @@ def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = No
 
         return run_job(app, membership, secret, config=config, executors=executors, min_workers=workers,
                        min_servers=servers, supervise=children.dead, spawn=children.start,
-                       on_registered=start_children, on_exit=children.stop, **options)
+                       on_registered=start_children, on_exit=children.stop, local_dir=children.local_dir,
+                       **options)
     finally:
         children.close_forks()  # when the job never started its children (refused, bad etcd address)

@@ -82,10 +82,11 @@ class Process:
     watches_peers = False  # its endpoint follows every connection it makes (Endpoint.unreachable)
 
     def __init__(self, ident: str, membership: Membership, secret: str, host: str = "127.0.0.1",
-                 port: int = 0, bind_host: str | None = None):
+                 port: int = 0, bind_host: str | None = None, local_dir: str | None = None):
         self.ident = ident
         self.membership = membership
-        self.endpoint = Endpoint(ident, secret, host=host, port=port, bind_host=bind_host, watch=self.watches_peers)
+        self.endpoint = Endpoint(ident, secret, host=host, port=port, bind_host=bind_host, watch=self.watches_peers,
+                                 local_dir=local_dir)
         self.pid = os.getpid()
         self.epoch = 0
         self._future: list[tuple[str, int, Any]] = []

@@ -54,7 +54,9 @@ def serve(role: str, name: str, *, etcd: str | None = None, home: str | None = N
         membership.kv.put(f"{membership.prefix}ids/{ident}", time.time())  # a restarted pod may reuse its id
     ident = ident or membership.allocate_id(role)
     cls = Worker if role == "worker" else Server
-    proc = cls(ident, membership, secret, host=host, bind_host=bind_host, port=port)
+    # a child of `litz run` (litz.local): every process of its job is on this machine
+    proc = cls(ident, membership, secret, host=host, bind_host=bind_host, port=port,
+               local_dir=os.environ.get("LITZ_LOCAL_DIR") or None)
     if role == "server":
         if memory_limit is not None:
             proc.shards.budget = memory_limit

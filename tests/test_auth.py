@@ -2,8 +2,6 @@
 import json
 import os
 import pickle
-import subprocess
-import sys
 import time
 
 import pytest
@@ -14,7 +12,7 @@ from litz import wire
 from litz.membership import Membership, connect_kv
 from litz.security import curve_keypair
 from litz.transport import Endpoint
-from tests.helpers import ROOT, app_path
+from tests.helpers import Processes, app_path
 
 
 def attacker_socket(ctx, address, mode):
@@ -54,37 +52,96 @@ def test_endpoint_rejects_strangers(mode):
         friend.close()
 
 
+def attack(addresses: list[str], ctx: zmq.Context) -> None:
+    """Send STOP, FAIL and a pickled task batch to every address, without the job's keys."""
+    payloads = [wire.encode((P.STOP,)), wire.encode((P.FAIL, "attacker", "boom")),
+                [pickle.dumps((P.TASKS, [(0, 0, 0, "evil")]))]]
+    socks = [attacker_socket(ctx, a, mode) for a in addresses for mode in ("plain", "wrong-key")]
+    for sock in socks:
+        for frames in payloads:
+            sock.send_multipart(frames)
+
+
+def job_addresses(name: str, litz_home, count: int) -> list[str]:
+    membership = Membership(connect_kv(home=str(litz_home)), name)
+    deadline = time.time() + 30
+    while (len(membership.members()) < count - 1 or membership.master() is None) and time.time() < deadline:
+        time.sleep(0.05)
+    addresses = [m["address"] for m in membership.members().values()] + [membership.master()["address"]]
+    assert len(addresses) == count
+    return addresses
+
+
 @pytest.mark.timeout(90)
-def test_running_job_ignores_unauthenticated_peers(tmp_path, litz_home):
-    """An attacker who finds every address of a live job (master, workers, servers) sends STOP, FAIL and
-    pickled payloads to all of them; the job finishes with the right result."""
+def test_running_cluster_job_ignores_unauthenticated_peers(tmp_path, litz_home):
+    """An attacker who finds every address of a live cluster job (master, workers, servers; TCP) sends STOP,
+    FAIL and pickled payloads to all of them; the job finishes with the right result."""
     out = tmp_path / "out.json"
     name = "auth-job"
-    job = subprocess.Popen([sys.executable, "-m", "litz.cli.litz", "run", app_path("noop"), "--name", name,
-                            "--config", "tasks=3000", "--config", "sleep=0.001", "--output", str(out),
-                            "--no-progress"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, start_new_session=True)
     ctx = zmq.Context()
-    try:
-        membership = Membership(connect_kv(home=str(litz_home)), name)
-        deadline = time.time() + 30
-        while len(membership.members()) < 3 and time.time() < deadline:
-            time.sleep(0.05)
-        addresses = [m["address"] for m in membership.members().values()]
-        addresses.append(membership.master()["address"])
-        assert len(addresses) == 4
-        payloads = [wire.encode((P.STOP,)), wire.encode((P.FAIL, "attacker", "boom")),
-                    [pickle.dumps((P.TASKS, [(0, 0, 0, "evil")]))]]
-        socks = [attacker_socket(ctx, a, mode) for a in addresses for mode in ("plain", "wrong-key")]
-        for sock in socks:
-            for frames in payloads:
-                sock.send_multipart(frames)
+    with Processes() as procs:
+        try:
+            master = procs.start(["litz", "master", app_path("noop"), "--name", name, "--min-workers", "2",
+                                  "--config", "tasks=3000", "--config", "sleep=0.001", "--output", str(out),
+                                  "--no-progress"])
+            for role in ("server", "worker", "worker"):
+                procs.start(["litz", role, "--name", name])
+            addresses = job_addresses(name, litz_home, 4)
+            assert all(a.startswith("tcp://") for a in addresses)
+            attack(addresses, ctx)
+            stdout, stderr = master.communicate(timeout=60)
+            assert master.returncode == 0, stderr
+            assert json.loads(stdout) == {"done": 3000}
+            assert json.loads(out.read_text())["tasks_completed"] == 3000
+        finally:
+            ctx.destroy(linger=0)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_local_job_sockets_keep_other_users_out(tmp_path, litz_home):
+    """`litz run` binds Unix sockets without CURVE in a directory only its user can enter: another user
+    (nobody) who knows every address sends STOP, FAIL and pickles to all of them; the job finishes right,
+    and the directory is gone afterwards."""
+    out = tmp_path / "out.json"
+    name = "auth-local"
+    with Processes() as procs:
+        job = procs.start(["litz", "run", app_path("noop"), "--name", name, "--config", "tasks=3000",
+                           "--config", "sleep=0.001", "--output", str(out), "--no-progress"])
+        addresses = job_addresses(name, litz_home, 4)
+        directory = os.path.dirname(addresses[0].removeprefix("ipc://"))
+        assert all(a.startswith(f"ipc://{directory}/") for a in addresses)
+        info = os.stat(directory)
+        assert (info.st_mode & 0o777, info.st_uid) == (0o700, os.getuid())
+        assert attack_as_nobody(addresses) == 0
         stdout, stderr = job.communicate(timeout=60)
         assert job.returncode == 0, stderr
         assert json.loads(stdout) == {"done": 3000}
         assert json.loads(out.read_text())["tasks_completed"] == 3000
-    finally:
-        ctx.destroy(linger=0)
-        if job.poll() is None:
-            os.killpg(job.pid, 9)
-        job.wait()
+    assert not os.path.exists(directory)
+
+
+def attack_as_nobody(addresses: list[str]) -> int:
+    """From a forked child running as user nobody: connect to each address (ZeroMQ retries in the
+    background) and send what it can. Returns the child's exit status (0: it ran as nobody)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            ctx = zmq.Context()
+            for address in addresses:
+                sock = ctx.socket(zmq.DEALER)
+                sock.routing_id = b"master"
+                sock.connect(address)
+                for frames in (wire.encode((P.STOP,)), wire.encode((P.FAIL, "attacker", "boom"))):
+                    try:
+                        sock.send_multipart(frames, zmq.NOBLOCK)
+                    except zmq.Again:
+                        pass
+            time.sleep(1.0)  # ZeroMQ keeps trying to connect meanwhile; os._exit leaves without closing
+            code = 0
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
