@@ -16,10 +16,10 @@ the best is the baseline, once without security ("plain", the target's baseline)
 which Litz uses on every socket (DESIGN.md: authenticated transport), to separate the cost of encryption
 from the cost of Litz.
 
-Litz runs with its default transport, where large frames between processes of one host go through
-shared-memory rings (``litz.shmring``; the messages that name them still cross CURVE sockets), and once
-more with ``LITZ_SHM=0`` (1 worker): every byte through CURVE, as between processes on different hosts;
-that run is compared with raw ZeroMQ with CURVE.
+Litz runs with its default transport for one machine, Unix sockets without CURVE, where large frames go
+through shared-memory rings (``litz.shmring``; the messages that name them cross the sockets), and once
+more with ``LITZ_SHM=0 LITZ_LOCAL_TCP=1`` (1 worker): every byte through TCP with CURVE, as between
+processes on different hosts; that run is compared with raw ZeroMQ with CURVE.
 
 Litz and raw runs alternate ``--repeats`` times; the table uses medians. Target: Litz >= 0.7x raw (plain).
 """
@@ -136,6 +136,8 @@ def raw_block(messages: int) -> dict:
 # ------------------------------------------------------------------------------------------ Litz
 def litz_block(workers: int, tasks: int, rings: bool = True) -> dict:
     os.environ["LITZ_SHM"] = "1" if rings else "0"  # read by every process of the job
+    # without rings: the path between hosts, TCP with CURVE (a local job would use Unix sockets, no cipher)
+    os.environ["LITZ_LOCAL_TCP"] = "0" if rings else "1"
     # every get must travel: a worker's live cache entries would serve keys no other worker wrote since
     os.environ["LITZ_LIVE_CACHE"] = "0"
     try:
@@ -143,6 +145,7 @@ def litz_block(workers: int, tasks: int, rings: bool = True) -> dict:
                           name=f"bench-psbw-{os.getpid()}", progress=False)
     finally:
         os.environ.pop("LITZ_SHM")
+        os.environ.pop("LITZ_LOCAL_TCP")
         os.environ.pop("LITZ_LIVE_CACHE")
     return {phase: result["phases"][phase]["MB_per_s"] for phase in ("update", "get")}
 

@@ -45,10 +45,11 @@ class LocalProcesses:
         self.server_memory_limit = server_memory_limit
         user_blas = {k: os.environ[k] for k in ONE_BLAS_THREAD if k in os.environ}
         # the job's Unix sockets (litz.transport): mkdtemp makes it 0700. Under /tmp, not the job's home: a
-        # socket's path must stay under 108 bytes.
-        self.local_dir = tempfile.mkdtemp(prefix="litz-")
+        # socket's path must stay under 108 bytes. LITZ_LOCAL_TCP=1: TCP with CURVE, as between hosts.
+        tcp = os.environ.get("LITZ_LOCAL_TCP", "0") == "1"
+        self.local_dir = None if tcp else tempfile.mkdtemp(prefix="litz-")
         self.env = {**ONE_BLAS_THREAD, **user_blas, "LITZ_SECRET": secret, "LITZ_PARENT_PID": str(os.getpid()),
-                    "LITZ_LOCAL_DIR": self.local_dir}
+                    "LITZ_LOCAL_DIR": self.local_dir or ""}
         self.ring_prefix = ring_prefix(secret)
         self.procs: list[tuple[str, Any]] = []
         self.reported: set[int] = set()
@@ -111,7 +112,8 @@ class LocalProcesses:
         if self.forks is not None:
             self.forks.close()
             self.forks = None
-        shutil.rmtree(self.local_dir, ignore_errors=True)
+        if self.local_dir:
+            shutil.rmtree(self.local_dir, ignore_errors=True)
 
 
 def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = None,

@@ -131,11 +131,13 @@ def test_restarted_receiver_resets_the_ring(pair):
 @pytest.mark.timeout(120)
 def test_job_moves_large_arrays_through_rings_and_leaves_none(litz_home, monkeypatch):
     """End to end: ps_update/ps_get of 1 MiB arrays between worker and server processes give the right
-    values (the app checks every value it gets) with rings on and off, and no ring name is left."""
+    values (the app checks every value it gets) with rings on (Unix sockets) and off (TCP with CURVE, as
+    between hosts), and no ring name is left."""
     app = os.path.join(ROOT, "bench", "apps", "psbw.py")
     before = set(glob.glob(os.path.join(shmring.SHM_DIR, "litz-*")))
-    for shm in ("1", "0"):
+    for shm, tcp in (("1", "0"), ("0", "1")):
         monkeypatch.setenv("LITZ_SHM", shm)
+        monkeypatch.setenv("LITZ_LOCAL_TCP", tcp)
         result = litz.run(app, workers=2, servers=1, config={"tasks": 32, "keys_per_task": 4}, progress=False)
         assert result["phases"]["get"]["tasks"] == 32
     assert set(glob.glob(os.path.join(shmring.SHM_DIR, "litz-*"))) <= before
