@@ -8,6 +8,7 @@ finish, error, Ctrl-C.
 """
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import signal
@@ -35,6 +36,23 @@ from .transport import ring_prefix
 ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
+SOCKET_DIR_PREFIX = "litz-run-"  # then the launcher's pid
+
+
+def remove_orphaned_socket_dirs() -> None:
+    """Remove the socket directories of launchers that died without cleaning up (SIGKILL, a lost machine)."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), SOCKET_DIR_PREFIX + "*-*")):
+        pid = os.path.basename(path)[len(SOCKET_DIR_PREFIX):].split("-", 1)[0]
+        try:
+            if not pid.isdigit() or os.stat(path).st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:  # alive (PermissionError: another user's process), or gone meanwhile
+            continue
+
+
 class LocalProcesses:
     """The child processes of a local job: forks of a fork server (see :mod:`litz.forkserver`), or fresh
     interpreters with ``LITZ_SPAWN=exec``."""
@@ -47,7 +65,9 @@ class LocalProcesses:
         # the job's Unix sockets (litz.transport): mkdtemp makes it 0700. Under /tmp, not the job's home: a
         # socket's path must stay under 108 bytes. LITZ_LOCAL_TCP=1: TCP with CURVE, as between hosts.
         tcp = os.environ.get("LITZ_LOCAL_TCP", "0") == "1"
-        self.local_dir = None if tcp else tempfile.mkdtemp(prefix="litz-")
+        if not tcp:
+            remove_orphaned_socket_dirs()
+        self.local_dir = None if tcp else tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{os.getpid()}-")
         self.env = {**ONE_BLAS_THREAD, **user_blas, "LITZ_SECRET": secret, "LITZ_PARENT_PID": str(os.getpid()),
                     "LITZ_LOCAL_DIR": self.local_dir or ""}
         self.ring_prefix = ring_prefix(secret)

@@ -145,3 +145,25 @@ def attack_as_nobody(addresses: list[str]) -> int:
         finally:
             os._exit(code)
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+@pytest.mark.timeout(60)
+def test_a_local_job_removes_the_socket_directories_of_dead_launchers(tmp_path):
+    """A launcher killed with SIGKILL cannot remove its socket directory; the next local job does, and
+    leaves those of live launchers alone."""
+    import subprocess
+    import tempfile
+
+    import litz
+    from litz.local import SOCKET_DIR_PREFIX
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    orphan = tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{dead.pid}-")
+    live = tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{os.getpid()}-")
+    try:
+        assert litz.run(app_path("noop"), config={"tasks": 10}, progress=False) == {"done": 10}
+        assert not os.path.exists(orphan)
+        assert os.path.isdir(live)
+    finally:
+        os.rmdir(live)
