@@ -39,9 +39,16 @@ ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM
 SOCKET_DIR_PREFIX = "litz-run-"  # then the launcher's pid
 
 
+def socket_base_dir() -> str:
+    """Where local jobs make their socket directories: $TMPDIR unless it is so long that a socket's path
+    would pass the 107 bytes a Unix socket address holds."""
+    base = tempfile.gettempdir()
+    return base if len(base) <= 48 else "/tmp"
+
+
 def remove_orphaned_socket_dirs() -> None:
     """Remove the socket directories of launchers that died without cleaning up (SIGKILL, a lost machine)."""
-    for path in glob.glob(os.path.join(tempfile.gettempdir(), SOCKET_DIR_PREFIX + "*-*")):
+    for path in glob.glob(os.path.join(socket_base_dir(), SOCKET_DIR_PREFIX + "*-*")):
         pid = os.path.basename(path)[len(SOCKET_DIR_PREFIX):].split("-", 1)[0]
         try:
             if not pid.isdigit() or os.stat(path).st_uid != os.getuid():
@@ -62,12 +69,13 @@ class LocalProcesses:
         self.name, self.home, self.etcd = name, home, etcd
         self.server_memory_limit = server_memory_limit
         user_blas = {k: os.environ[k] for k in ONE_BLAS_THREAD if k in os.environ}
-        # the job's Unix sockets (litz.transport): mkdtemp makes it 0700. Under /tmp, not the job's home: a
-        # socket's path must stay under 108 bytes. LITZ_LOCAL_TCP=1: TCP with CURVE, as between hosts.
+        # the job's Unix sockets (litz.transport): mkdtemp makes it 0700. In the temporary directory, not the
+        # job's home, whose path may be long. LITZ_LOCAL_TCP=1: TCP with CURVE, as between hosts.
         tcp = os.environ.get("LITZ_LOCAL_TCP", "0") == "1"
         if not tcp:
             remove_orphaned_socket_dirs()
-        self.local_dir = None if tcp else tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{os.getpid()}-")
+        self.local_dir = None if tcp else tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{os.getpid()}-",
+                                                           dir=socket_base_dir())
         self.env = {**ONE_BLAS_THREAD, **user_blas, "LITZ_SECRET": secret, "LITZ_PARENT_PID": str(os.getpid()),
                     "LITZ_LOCAL_DIR": self.local_dir or ""}
         self.ring_prefix = ring_prefix(secret)

@@ -167,3 +167,17 @@ def test_a_local_job_removes_the_socket_directories_of_dead_launchers(tmp_path):
         assert os.path.isdir(live)
     finally:
         os.rmdir(live)
+
+
+@pytest.mark.timeout(60)
+def test_a_local_job_runs_with_a_temporary_directory_too_long_for_socket_paths(tmp_path, monkeypatch):
+    """A Unix socket's path holds 107 bytes; with a long $TMPDIR the sockets go to /tmp instead."""
+    import tempfile
+
+    import litz
+
+    long_tmp = tmp_path / ("t" * 100)
+    long_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(long_tmp))
+    assert litz.run(app_path("noop"), config={"tasks": 10}, progress=False) == {"done": 10}
+    assert not os.listdir(long_tmp)
