@@ -424,8 +424,10 @@ class LDADriver(litz.Driver):
         self.compute_s += res["seconds"]
         self.compute_cpu_s += res["cpu_s"]
         epoch = r // self.B
-        parts = self.epoch_parts.setdefault(epoch, {"tasks": 0, "ll_doc": 0.0, "ll_word": 0.0,
-                                                    "cols": np.zeros(self.s.topics, np.int64), "changed": 0})
+        parts = self.epoch_parts.get(epoch)
+        if parts is None:  # not setdefault: its default (an array) would be built for every task
+            parts = self.epoch_parts[epoch] = {"tasks": 0, "ll_doc": 0.0, "ll_word": 0.0,
+                                               "cols": np.zeros(self.s.topics, np.int64), "changed": 0}
         parts["tasks"] += 1
         parts["changed"] += res["changed"]
         if "ll_doc" in res:
