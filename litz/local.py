@@ -39,16 +39,19 @@ ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM
 SOCKET_DIR_PREFIX = "litz-run-"  # then the launcher's pid
 
 
-def socket_base_dir() -> str:
-    """Where local jobs make their socket directories: $TMPDIR unless it is so long that a socket's path
-    would pass the 107 bytes a Unix socket address holds."""
+def make_socket_dir() -> str:
+    """A new directory for a local job's Unix sockets (litz.transport), 0700 as mkdtemp makes it. In $TMPDIR,
+    not the job's home, and in /tmp if $TMPDIR is so long that a socket's path would pass the 107 bytes a
+    Unix socket address holds. The directories of dead launchers go first."""
     base = tempfile.gettempdir()
-    return base if len(base) <= 48 else "/tmp"
+    base = base if len(base) <= 48 else "/tmp"
+    remove_orphaned_socket_dirs(base)
+    return tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{os.getpid()}-", dir=base)
 
 
-def remove_orphaned_socket_dirs() -> None:
+def remove_orphaned_socket_dirs(base: str) -> None:
     """Remove the socket directories of launchers that died without cleaning up (SIGKILL, a lost machine)."""
-    for path in glob.glob(os.path.join(socket_base_dir(), SOCKET_DIR_PREFIX + "*-*")):
+    for path in glob.glob(os.path.join(base, SOCKET_DIR_PREFIX + "*-*")):
         pid = os.path.basename(path)[len(SOCKET_DIR_PREFIX):].split("-", 1)[0]
         try:
             if not pid.isdigit() or os.stat(path).st_uid != os.getuid():
@@ -69,13 +72,9 @@ class LocalProcesses:
         self.name, self.home, self.etcd = name, home, etcd
         self.server_memory_limit = server_memory_limit
         user_blas = {k: os.environ[k] for k in ONE_BLAS_THREAD if k in os.environ}
-        # the job's Unix sockets (litz.transport): mkdtemp makes it 0700. In the temporary directory, not the
-        # job's home, whose path may be long. LITZ_LOCAL_TCP=1: TCP with CURVE, as between hosts.
+        # LITZ_LOCAL_TCP=1: TCP with CURVE, as between hosts, instead of Unix sockets
         tcp = os.environ.get("LITZ_LOCAL_TCP", "0") == "1"
-        if not tcp:
-            remove_orphaned_socket_dirs()
-        self.local_dir = None if tcp else tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{os.getpid()}-",
-                                                           dir=socket_base_dir())
+        self.local_dir = None if tcp else make_socket_dir()
         self.env = {**ONE_BLAS_THREAD, **user_blas, "LITZ_SECRET": secret, "LITZ_PARENT_PID": str(os.getpid()),
                     "LITZ_LOCAL_DIR": self.local_dir or ""}
         self.ring_prefix = ring_prefix(secret)

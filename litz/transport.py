@@ -84,11 +84,11 @@ class Endpoint:
         self.router.router_handover = 1  # a restarted peer with the same id takes over its route
         self.router.rcvhwm = HIGH_WATER_MARK
         self.router.linger = 0
-        bind = bind_host or host
         if local_dir is not None:  # the pid keeps a restarted process with the same id off its old socket file
             self.address = f"ipc://{local_dir}/{ident}-{os.getpid()}"
             self.router.bind(self.address)
         else:
+            bind = bind_host or host
             if port:
                 self.router.bind(f"tcp://{bind}:{port}")
             else:

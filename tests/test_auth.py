@@ -2,17 +2,21 @@
 import json
 import os
 import pickle
+import subprocess
+import tempfile
 import time
 
 import pytest
 import zmq
 
+import litz
 from litz import protocol as P
 from litz import wire
+from litz.local import SOCKET_DIR_PREFIX
 from litz.membership import Membership, connect_kv
 from litz.security import curve_keypair
 from litz.transport import Endpoint
-from tests.helpers import Processes, app_path
+from tests.helpers import Processes, app_path, wait_for
 
 
 def attacker_socket(ctx, address, mode):
@@ -64,9 +68,8 @@ def attack(addresses: list[str], ctx: zmq.Context) -> None:
 
 def job_addresses(name: str, litz_home, count: int) -> list[str]:
     membership = Membership(connect_kv(home=str(litz_home)), name)
-    deadline = time.time() + 30
-    while (len(membership.members()) < count - 1 or membership.master() is None) and time.time() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: len(membership.members()) >= count - 1 and membership.master() is not None, 30,
+             f"{count} processes of job {name} in the registry")
     addresses = [m["address"] for m in membership.members().values()] + [membership.master()["address"]]
     assert len(addresses) == count
     return addresses
@@ -123,24 +126,15 @@ def test_local_job_sockets_keep_other_users_out(tmp_path, litz_home):
 
 def attack_as_nobody(addresses: list[str]) -> int:
     """From a forked child running as user nobody: connect to each address (ZeroMQ retries in the
-    background) and send what it can. Returns the child's exit status (0: it ran as nobody)."""
+    background) and send the attack's payloads. Returns the child's exit status (0: it ran as nobody)."""
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
             os.setgid(65534)
             os.setuid(65534)
-            ctx = zmq.Context()
-            for address in addresses:
-                sock = ctx.socket(zmq.DEALER)
-                sock.routing_id = b"master"
-                sock.connect(address)
-                for frames in (wire.encode((P.STOP,)), wire.encode((P.FAIL, "attacker", "boom"))):
-                    try:
-                        sock.send_multipart(frames, zmq.NOBLOCK)
-                    except zmq.Again:
-                        pass
-            time.sleep(1.0)  # ZeroMQ keeps trying to connect meanwhile; os._exit leaves without closing
+            attack(addresses, zmq.Context())  # queued for connections ZeroMQ keeps trying in the background
+            time.sleep(1.0)  # os._exit then leaves without closing the context
             code = 0
         finally:
             os._exit(code)
@@ -151,12 +145,6 @@ def attack_as_nobody(addresses: list[str]) -> int:
 def test_a_local_job_removes_the_socket_directories_of_dead_launchers(tmp_path):
     """A launcher killed with SIGKILL cannot remove its socket directory; the next local job does, and
     leaves those of live launchers alone."""
-    import subprocess
-    import tempfile
-
-    import litz
-    from litz.local import SOCKET_DIR_PREFIX
-
     dead = subprocess.Popen(["true"])
     dead.wait()
     orphan = tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{dead.pid}-")
@@ -172,10 +160,6 @@ def test_a_local_job_removes_the_socket_directories_of_dead_launchers(tmp_path):
 @pytest.mark.timeout(60)
 def test_a_local_job_runs_with_a_temporary_directory_too_long_for_socket_paths(tmp_path, monkeypatch):
     """A Unix socket's path holds 107 bytes; with a long $TMPDIR the sockets go to /tmp instead."""
-    import tempfile
-
-    import litz
-
     long_tmp = tmp_path / ("t" * 100)
     long_tmp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(long_tmp))
