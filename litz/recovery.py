@@ -335,7 +335,10 @@ class Recovery:
         else:
             ckpt = self.usable()[0]
             source, root, files = "full", ckpt.path, ckpt.manifest["files"]
+        held = self.paused
         self.abort_in_progress()
+        if held:  # the aborted checkpoint held the driver's new dispatches; nothing else would ever send them
+            m.release_paused()
         # first: completions handled while the shards are reloaded may already have read restored values
         m.on_partial_recovery({"lost": lost_ids, "source": source, "shards_restored": sum(
             owner in lost_ids for owner in m.shard_owner)})

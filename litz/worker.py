@@ -697,7 +697,7 @@ class Worker(Process):
         if errors:
             self.fail(f"ps_update on server {server}", "\n".join(errors))
         part: str | tuple[str, int] = server
-        parent = self.resent_fids.pop(fid, None)
+        parent = self.resent_fids.get(fid)  # kept until the flush completes: a forwarded part acks more than once
         if parent is not None:  # a part sent again after a partial recovery
             part, fid = (server, fid), parent
         flushing = self.flushing.get(fid)
@@ -715,6 +715,9 @@ class Worker(Process):
         flushing[0] -= applied
         if flushing[0] == 0:
             del self.flushing[fid]
+            if self.resent_fids:
+                for rf in [rf for rf, parent in self.resent_fids.items() if parent == fid]:
+                    del self.resent_fids[rf]
             self.send("master", (P.DONE, flushing[1], flushing[3]))
 
 

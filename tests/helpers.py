@@ -47,13 +47,19 @@ class Processes:
     def __enter__(self) -> Processes:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         for proc in self.procs:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             proc.wait()
+        if exc_type is not None:  # the test failed: what the processes said is the first clue
+            for proc in self.procs:
+                if proc.stderr is not None and not proc.stderr.closed:
+                    _, err = proc.communicate(timeout=10)
+                    print(f"--- stderr of {' '.join(map(str, proc.args[2:]))[:200]}:\n{(err or '')[-6000:]}",
+                          file=sys.stderr)
 
 
 def free_port() -> int:

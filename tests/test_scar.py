@@ -1,12 +1,15 @@
 """SCAR (thesis ch. 5): partial recovery restores exactly the lost parameters; priority checkpoints keep a
 running checkpoint of the most-changed ones."""
 import json
+import os
 import random
+import signal
 import time
 
 import numpy as np
 import pytest
 
+from litz.cli.litzctl import format_status
 from litz.keys import ShardMap
 from litz.scar import (
     RunningCheckpoint,
@@ -205,6 +208,35 @@ def test_priority_rounds_go_on_after_a_recovery(tmp_path):
     assert len(partial) == 1 and partial[0]["source"] == "running"
     after = [e for e in events if e["kind"] == "priority_checkpoint" and e["t"] > partial[0]["t"]]
     assert len(after) >= 5
+
+
+@pytest.mark.timeout(90)
+def test_partial_recovery_during_a_checkpoint_pause_sends_the_held_tasks(tmp_path):
+    """A checkpoint holds new dispatches until the running tasks end. A server lost in that pause aborts the
+    checkpoint; the tasks the driver dispatched meanwhile must still go out (they were once held for ever), and
+    the flushes sent again to the live server must complete while its shards move to the replacement server
+    (a forwarded part acknowledged twice was once counted once, and its task never completed)."""
+    name, out, chains, steps = "scar-pause", tmp_path / "out.json", 4, 3
+    with Processes() as procs:
+        # 2 workers with 2 executors each and tasks of 2 s: a pause lasts until both queued tasks have run
+        job = procs.start(scar_job("chains", name, tmp_path, "--config", f"chains={chains}", f"steps={steps}",
+                                   "sleep=2.0"))
+        wait_for(lambda: status(name), 30, "the job's status")
+        assert ctl(name, "checkpoint").returncode == 0  # partial recovery needs one
+        wait_for(lambda: (s := status(name)) and s["checkpoints"] == 1, 30, "the first checkpoint")
+        assert ctl(name, "checkpoint").returncode == 0
+        st = wait_for(lambda: (s := status(name)) and (s["checkpointing"] or {}).get("held_tasks") and s, 30,
+                      "a task held by the second checkpoint")
+        os.kill(next(s["pid"] for s in st["servers"] if s["id"] == "s1"), signal.SIGKILL)
+        assert "checkpoint under way: dispatch held for" in format_status(st)
+        stdout, stderr = job.communicate(timeout=60)
+        assert job.returncode == 0, stderr
+    result = json.loads(stdout)
+    assert result["tasks_ran"] == chains * steps and not result["violations"], result
+    events = json.loads(out.read_text())["events"]
+    partial = [e for e in events if e["kind"] == "partial_recovery"]
+    assert len(partial) == 1 and partial[0]["lost"] == ["s1"]
+    assert len([e for e in events if e["kind"] == "checkpoint"]) == 1, events  # the second one was aborted
 
 
 @pytest.mark.timeout(120)

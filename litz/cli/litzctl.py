@@ -53,6 +53,10 @@ def format_status(st: dict) -> str:
              f"{st['tasks_completed']} tasks, {st['tasks_per_s']:,.0f} tasks/s",
              f"  {st['executors']} executors, {st['shards']} shards; last report: "
              + (", ".join(f"{k}={v}" for k, v in st.get("report", {}).items()) or "none")]
+    if st.get("checkpointing"):
+        held = st["checkpointing"]
+        lines.append(f"  checkpoint under way: dispatch held for {held['held_s']:.1f} s, "
+                     f"{held['held_tasks']} tasks waiting")
     width = max([5] + [len(p["id"]) for p in st["workers"] + st["servers"]])
     for role, procs, what in (("worker", st["workers"], "executors"), ("server", st["servers"], "shards")):
         for p in procs:
