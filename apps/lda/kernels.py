@@ -92,10 +92,9 @@ def sample_block(word, z, run_doc, run_ptr, r0, r1, ndk, wt, nk, alpha, beta, vb
             c = nzc[w]
             if c < 0:  # the list holds exactly the positive counts: a count read from a shard restored by a
                 c = 0    # partial recovery can be negative until the recount, and must not enter it twice
-                for k in range(K):
-                    if wt[w, k] > 0:
-                        nzt[w, c] = k
-                        c += 1
+                for k in range(K):  # branch-free: which topics are non-zero is unpredictable
+                    nzt[w, c] = k
+                    c += wt[w, k] > 0
             ndt = ndk[d, t]
             it = inv[t]
             s -= ab * it
