@@ -233,19 +233,29 @@ class Recovery:
         m = self.master
         t0 = time.time()
         self.restart_priority_rounds()
+        # the job's size before the loss: replacements (also for processes lost while recovering) bring it back
+        size = {"worker": len(m.workers), "server": len(m.servers)} if m.spawn is not None else None
+        lost_ids = [x.ident for x in lost]
+        noticed = {x.ident: x.noticed for x in lost}
+        replaced = False
         if self.partial and self.can_recover_partially(lost):
-            self.recover_partially(lost)
-            return
+            try:
+                self.recover_partially(lost)
+                return
+            except (CorruptCheckpoint, RestartRecovery) as exc:  # the full checkpoint can still restore the job
+                warn(f"partial recovery failed ({exc}); restoring the whole job from a full checkpoint")
+                m.joblog.event("partial_recovery_failed", lost=lost_ids, reason=str(exc))
+                if isinstance(exc, RestartRecovery):
+                    lost_ids.extend(exc.lost)
+                    noticed.update(exc.noticed)
+                replaced = True  # the lost processes are forgotten, their replacements started
         checkpoints = self.usable()
         if not checkpoints:
             raise LitzError(f"{why} and there is no checkpoint to recover from"
                             + ("" if self.store else " (run with --checkpoint-dir)"))
         self.abort_in_progress()
-        # the job's size before the loss: replacements (also for processes lost while recovering) bring it back
-        size = {"worker": len(m.workers), "server": len(m.servers)} if m.spawn is not None else None
-        self.replace(lost)
-        lost_ids = [x.ident for x in lost]
-        noticed = {x.ident: x.noticed for x in lost}
+        if not replaced:
+            self.replace(lost)
         attempts = 0
         while True:
             attempts += 1

@@ -355,8 +355,16 @@ class Worker(Process):
         """SCAR partial recovery: the live servers hold the lost shards now (restored from a checkpoint).
         Ask their new owners what the lost servers never answered: outstanding gets, and the parts of update
         flushes they never acknowledged. Nothing else changes, so no task runs twice and the live servers see
-        every update once. (A flush part that a live server forwarded to a lost one, after a shard move the
-        worker had not yet heard of, is not sent again; its acknowledgement never comes.)"""
+        every update once. A flush whose acknowledgements cannot all be matched to the parts sent (a moving
+        shard's server forwarded some of it) might have had updates at a lost server, or might not: sending
+        them again could apply them twice, so the worker refuses, and the master restores the whole job
+        from a full checkpoint instead."""
+        unmatched = [fid for fid, entry in self.flushing.items()
+                     if entry[0] > sum(len(items) for items in entry[2].values())]
+        if unmatched:
+            self.send("master", (P.RESTORE_FAILED, f"worker {self.ident}: update flushes {unmatched} were partly "
+                                                   f"forwarded by a moving shard's server: not sure what was lost"))
+            return
         self.lost_servers |= lost
         for server in lost:
             self.endpoint.disconnect(server)  # what is still queued for it goes nowhere

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from litz.checkpoint import shard_part
 from litz.cli.litzctl import format_status
 from litz.keys import ShardMap
 from litz.scar import (
@@ -21,7 +22,7 @@ from litz.scar import (
 )
 from tests.apps.phases import KEYS
 from tests.helpers import Processes, app_path, status, wait_for
-from tests.test_elasticity import ctl
+from tests.test_elasticity import CHAINS, check_result, ctl
 
 
 def scar_job(app: str, name: str, tmp_path, *extra: str) -> list[str]:
@@ -237,6 +238,54 @@ def test_partial_recovery_during_a_checkpoint_pause_sends_the_held_tasks(tmp_pat
     partial = [e for e in events if e["kind"] == "partial_recovery"]
     assert len(partial) == 1 and partial[0]["lost"] == ["s1"]
     assert len([e for e in events if e["kind"] == "checkpoint"]) == 1, events  # the second one was aborted
+
+
+def test_a_worker_refuses_to_resend_a_flush_whose_acknowledgements_it_cannot_match():
+    """5 updates unacknowledged but only 2 of them in a part sent to a known server: a moving shard's server
+    forwarded the other 3, maybe to the lost server. Sending all 5 again could apply some twice."""
+    from litz import protocol as P
+    from litz.worker import Worker
+
+    worker, sent = Worker.__new__(Worker), []
+    worker.ident, worker.send = "w0", lambda to, msg: sent.append((to, msg))
+    worker.flushing = {7: [5, [], {"s1": [(0, "a", 1), (1, "b", 1)]}, None]}
+    worker.servers_lost({"s1"}, ("map", 2, ["s0", "s0"], 3))
+    assert [(to, msg[0]) for to, msg in sent] == [("master", P.RESTORE_FAILED)]
+
+
+@pytest.mark.timeout(120)
+def test_a_partial_recovery_that_cannot_load_the_lost_shards_restores_the_whole_job(tmp_path):
+    """The newest checkpoint's copy of the lost server's shards is damaged: partial recovery cannot load them,
+    so the job goes back to the previous full checkpoint (exactly, as a full recovery does) instead of failing."""
+    name, out, ckpt, steps = "scar-fallback", tmp_path / "out.json", tmp_path / "ckpt", 200
+    with Processes() as procs:
+        job = procs.start(scar_job("chains", name, tmp_path, "--config", f"chains={CHAINS}", f"steps={steps}",
+                                   "sleep=0.004"))
+        wait_for(lambda: status(name), 30, "the job's status")
+        for n in (1, 2):
+            assert ctl(name, "checkpoint").returncode == 0
+            st = wait_for(lambda n=n: (s := status(name)) and s["checkpoints"] == n and s, 30, f"checkpoint {n}")
+        newest = max(p for p in ckpt.iterdir() if p.name.startswith("ckpt-"))
+        files = json.loads((newest / "manifest.json").read_text())["files"]
+        damaged = 0
+        for shard in next(s["shards"] for s in st["servers"] if s["id"] == "s1"):
+            if shard_part(shard) in files:
+                part = newest / shard_part(shard)
+                data = bytearray(part.read_bytes())
+                data[len(data) // 2] ^= 0xFF
+                part.write_bytes(bytes(data))
+                damaged += 1
+        assert damaged
+        assert ctl(name, "kill", "s1").returncode == 0
+        stdout, stderr = job.communicate(timeout=90)
+        assert job.returncode == 0, stderr
+    check_result(json.loads(stdout), steps=steps)  # no update lost or applied twice
+    assert "partial recovery failed" in stderr
+    events = json.loads(out.read_text())["events"]
+    assert [e["lost"] for e in events if e["kind"] == "partial_recovery_failed"] == [["s1"]]
+    assert not [e for e in events if e["kind"] == "partial_recovery"]
+    recovery = [e for e in events if e["kind"] == "recovery"]
+    assert len(recovery) == 1 and recovery[0]["lost"] == ["s1"] and recovery[0]["checkpoint"] != str(newest)
 
 
 @pytest.mark.timeout(120)
