@@ -28,6 +28,10 @@ from .outofcore import ShardTables
 from .process import Process, resident_bytes
 from .scar import RunningCheckpoint, load_running_shard
 
+# A request this server forwarded to another is answered by that one within milliseconds; one forwarded to
+# a server that is lost less than this long after may never have been: partial recovery cannot be exact.
+FORWARD_SETTLE_S = 10.0
+
 
 def _own(value: Any) -> Any:
     """A copy of a received array: deltas may be borrowed ring memory, valid only while handled."""
@@ -42,6 +46,7 @@ class Server(Process):
         super().__init__(*args, **kwargs)
         self.shards = ShardTables(self.ident)  # shard -> key -> value, spilled to disk beyond a budget
         self.forward: dict[int, str] = {}  # shard -> the server it was sent to
+        self.last_forward: dict[str, float] = {}  # server -> when a request was last forwarded to it
         self.exported: set = set()  # (shard, key) of arrays handed to ZeroMQ since their last update
         self.running = True
         self.retire_waiting: set[str] | None = None  # workers whose fence we still need before exiting
@@ -129,6 +134,7 @@ class Server(Process):
         mine, away = self._split(items, 1) if self.forward else (items, {})
         for dest, fwd in away.items():
             self.send(dest, (P.FWD_GETS, origin, fwd))
+            self.last_forward[dest] = time.monotonic()
         if mine:
             values = [(rid, self.get(shard, key)) for rid, shard, key in mine]
             # answers and acks for forwarded requests say so: they are in no order with the answers and acks of
@@ -140,6 +146,7 @@ class Server(Process):
         for dest, fwd in away.items():
             fwd = [(shard, key, _own(delta)) for shard, key, delta in fwd]  # borrowed: sent after we return
             self.send(dest, (P.FWD_UPDATES, origin, fid, fwd))
+            self.last_forward[dest] = time.monotonic()
         if mine:
             errors = []
             for shard, key, delta in mine:
@@ -226,7 +233,16 @@ class Server(Process):
         """SCAR partial recovery: load only the shards of a lost server; everything held here stays.
 
         Requests still arrive under older shard maps (nothing is reset), so what was forwarded to a lost
-        server now goes to its shard's new owner, or stays here if that is this server."""
+        server now goes to its shard's new owner, or stays here if that is this server. What was forwarded
+        to it shortly before may never have been answered, and the worker that asked cannot know it went
+        there: then this server refuses, and the master restores the whole job from a full checkpoint."""
+        now = time.monotonic()
+        recent = sorted(d for d in lost if now - self.last_forward.get(d, now - FORWARD_SETTLE_S) < FORWARD_SETTLE_S)
+        if recent:
+            why = f"less than {FORWARD_SETTLE_S:.0f} s before: their answers may be lost"
+            self.send("master", (P.RESTORE_FAILED, f"server {self.ident} forwarded requests to "
+                                                   f"{', '.join(recent)} {why}"))
+            return
         for shard, dest in list(self.forward.items()):
             if dest in lost:
                 if owners[shard] == self.ident:

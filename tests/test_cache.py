@@ -162,3 +162,38 @@ def test_after_a_partial_recovery_what_lost_servers_never_answered_goes_to_the_n
     assert not [m for m in w.sent if m[0] == "master" and m[1][0] == P.DONE]
     w.on_ack("s0", 6, 1, [])
     assert w.sent[-1] == ("master", (P.DONE, ["res"], None)) and not w.flushing and not w.resent_fids
+
+
+def test_a_resent_flush_part_completes_when_a_moving_shards_server_splits_it():
+    """After a partial recovery a part goes again to s0, which has meanwhile moved one of its shards to s2:
+    s0 acknowledges what it applied and s2 the rest, both under the resent flush id."""
+    import types
+    from collections import defaultdict
+
+    from litz import protocol as P
+    from litz.keys import ShardMap
+
+    w, _ = _bare_worker()
+    w.lost_servers, w.out_gets, w.next_fid, w.map_version = set(), defaultdict(list), 5, 1
+    w.shardmap = ShardMap(4, ["s0", "s1", "s0", "s1"])
+    w.reach = lambda peer: None
+    w.endpoint = types.SimpleNamespace(disconnect=lambda peer: None)
+    w.flushing[4] = [2, ["res"], {"s1": [(1, "a", 2), (3, "b", 4)]}, None]
+    w.servers_lost({"s1"}, (P.SHARDS, 4, ["s0", "s0", "s0", "s0"], 2))
+    assert ("s0", (P.UPDATES, 5, [(1, "a", 2), (3, "b", 4)])) in w.sent
+    w.on_ack("s0", 5, 1, [])  # s0 applied one item and forwarded the other to s2
+    assert not [m for m in w.sent if m[0] == "master" and m[1][0] == P.DONE]
+    w.on_ack("s2", 5, 1, [], forwarded=True)
+    assert w.sent[-1] == ("master", (P.DONE, ["res"], None)) and not w.flushing and not w.resent_fids
+
+
+def test_a_worker_refuses_to_resend_a_flush_whose_acknowledgements_it_cannot_match():
+    """5 updates unacknowledged but only 2 of them in a part sent to a known server: a moving shard's server
+    forwarded the other 3, maybe to the lost server. Sending all 5 again could apply some twice."""
+    from litz import protocol as P
+
+    w, _ = _bare_worker()
+    w.ident = "w0"
+    w.flushing[7] = [5, [], {"s1": [(0, "a", 1), (1, "b", 1)]}, None]
+    w.servers_lost({"s1"}, (P.SHARDS, 2, ["s0", "s0"], 3))
+    assert [(peer, msg[0]) for peer, msg in w.sent] == [("master", P.RESTORE_FAILED)]
