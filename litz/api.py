@@ -25,13 +25,15 @@ class Driver:
     def handle_task_completion(self, result: Any) -> None:
         raise NotImplementedError("the Driver must define handle_task_completion(result)")
 
-    def handle_partial_recovery(self, info: dict) -> None:
+    def handle_partial_recovery(self, info: dict) -> bool | None:
         """Optional. SCAR partial recovery (``--partial-recovery``) is about to reload lost parameter-server
         shards from a checkpoint: their values go back in time while executors and the other shards keep
         theirs. An app whose parameters can be recomputed from executor state recounts them (LDA: the
         word-topic counts from the executors' topic assignments) with tasks it dispatches from here or later;
         they run once the shards are back. ``info``: ``lost`` (process ids), ``source`` ("running" or
-        "full"), ``shards_restored``. Tasks already dispatched run on as usual."""
+        "full"), ``shards_restored``. Tasks already dispatched run on as usual. Return False when the app
+        cannot go on from such a mix (HDBSCAN's messages and spanning forests): the job is then restored
+        from a full checkpoint instead."""
 
     # -- provided by the framework -------------------------------------------------------------------
     def dispatch_task(self, executor: int, args: Any = None) -> None:

@@ -444,9 +444,9 @@ class Master(Process):
                 self.version += 1
                 driver.handle_task_completion(result)
 
-    def on_partial_recovery(self, info: dict) -> None:
+    def on_partial_recovery(self, info: dict) -> bool | None:
         with app_code("driver handle_partial_recovery"):
-            self.driver.handle_partial_recovery(info)
+            return self.driver.handle_partial_recovery(info)
 
     def note_writes(self, writer: str, keys: Any) -> None:
         """Completions from ``writer`` wrote ``keys`` (None: any): the other workers' caches must hear of it

@@ -237,25 +237,22 @@ class Recovery:
         size = {"worker": len(m.workers), "server": len(m.servers)} if m.spawn is not None else None
         lost_ids = [x.ident for x in lost]
         noticed = {x.ident: x.noticed for x in lost}
-        replaced = False
         if self.partial and self.can_recover_partially(lost):
             try:
                 self.recover_partially(lost)
                 return
-            except (CorruptCheckpoint, RestartRecovery) as exc:  # the full checkpoint can still restore the job
+            except (CorruptCheckpoint, RestartRecovery, PartialRecoveryRefused) as exc:  # a full one can do it
                 warn(f"partial recovery failed ({exc}); restoring the whole job from a full checkpoint")
                 m.joblog.event("partial_recovery_failed", lost=lost_ids, reason=str(exc))
                 if isinstance(exc, RestartRecovery):
                     lost_ids.extend(exc.lost)
                     noticed.update(exc.noticed)
-                replaced = True  # the lost processes are forgotten, their replacements started
         checkpoints = self.usable()
         if not checkpoints:
             raise LitzError(f"{why} and there is no checkpoint to recover from"
                             + ("" if self.store else " (run with --checkpoint-dir)"))
         self.abort_in_progress()
-        if not replaced:
-            self.replace(lost)
+        self.replace([x for x in lost if x.ident in m.workers or x.ident in m.servers])  # a partial one may have
         attempts = 0
         while True:
             attempts += 1
@@ -345,13 +342,14 @@ class Recovery:
         else:
             ckpt = self.usable()[0]
             source, root, files = "full", ckpt.path, ckpt.manifest["files"]
+        # first: completions handled while the shards are reloaded may already have read restored values
+        if m.on_partial_recovery({"lost": lost_ids, "source": source, "shards_restored": sum(
+                owner in lost_ids for owner in m.shard_owner)}) is False:
+            raise PartialRecoveryRefused("the app's driver cannot go on from partly restored parameters")
         held = self.paused
         self.abort_in_progress()
         if held:  # the aborted checkpoint held the driver's new dispatches; nothing else would ever send them
             m.release_paused()
-        # first: completions handled while the shards are reloaded may already have read restored values
-        m.on_partial_recovery({"lost": lost_ids, "source": source, "shards_restored": sum(
-            owner in lost_ids for owner in m.shard_owner)})
         self.replace(lost)  # a replacement joins later; the balancer then gives it shards
         live = sorted(m.servers)
         lost_shards = [s for s, owner in enumerate(m.shard_owner) if owner in lost_ids]
@@ -425,4 +423,8 @@ class Recovery:
 
 class CorruptCheckpoint(Exception):
     pass
+
+
+class PartialRecoveryRefused(Exception):
+    """The app's ``handle_partial_recovery`` returned False: only a full recovery keeps its state consistent."""
 

@@ -461,3 +461,8 @@ print("ok")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=290,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+def test_hdbscan_refuses_partial_recovery() -> None:
+    """Its mailboxes, core distances and forests cannot be recounted: the runtime must restore it whole."""
+    assert hd.HDBSCANDriver.handle_partial_recovery(hd.HDBSCANDriver.__new__(hd.HDBSCANDriver), {}) is False

@@ -258,6 +258,26 @@ def test_a_server_refuses_partial_recovery_after_forwarding_to_the_lost_server()
 
 
 @pytest.mark.timeout(120)
+def test_an_app_that_refuses_partial_recovery_is_restored_whole(tmp_path):
+    """handle_partial_recovery returning False (an app whose parameters cannot be recounted, as HDBSCAN's)
+    makes the runtime restore the whole job from a full checkpoint: exact results, no partial recovery."""
+    name, out, steps = "scar-refused", tmp_path / "out.json", 200
+    with Processes() as procs:
+        job = procs.start(scar_job("chains", name, tmp_path, "--checkpoint-every", "0.5", "--config",
+                                   f"chains={CHAINS}", f"steps={steps}", "sleep=0.004", "refuse_partial=1"))
+        wait_for(lambda: (s := status(name)) and s["checkpoints"] >= 1, 30, "a first checkpoint")
+        assert ctl(name, "kill", "s1").returncode == 0
+        stdout, stderr = job.communicate(timeout=90)
+        assert job.returncode == 0, stderr
+    check_result(json.loads(stdout), steps=steps)
+    events = json.loads(out.read_text())["events"]
+    refused = [e for e in events if e["kind"] == "partial_recovery_failed"]
+    assert len(refused) == 1 and "driver" in refused[0]["reason"], events
+    assert not [e for e in events if e["kind"] == "partial_recovery"]
+    assert [e["lost"] for e in events if e["kind"] == "recovery"] == [["s1"]]
+
+
+@pytest.mark.timeout(120)
 def test_a_partial_recovery_that_cannot_load_the_lost_shards_restores_the_whole_job(tmp_path):
     """The newest checkpoint's copy of the lost server's shards is damaged: partial recovery cannot load them,
     so the job goes back to the previous full checkpoint (exactly, as a full recovery does) instead of failing."""

@@ -144,6 +144,12 @@ class HDBSCANDriver(litz.Driver):
         self.join_s = 0.0
         self._all(lambda e: ("info",))
 
+    def handle_partial_recovery(self, info: dict) -> bool:
+        """Refused: restored shards would hold mailbox slots, core distances and spanning forests from an
+        older phase beside this one's, and none of them can be recounted from the executors' state. The
+        runtime restores the whole job from a full checkpoint instead."""
+        return False
+
     # -- plumbing ------------------------------------------------------------------------------------
     def _all(self, args) -> None:
         self.pending = self.num_executors

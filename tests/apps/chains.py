@@ -26,6 +26,9 @@ class Chains(litz.Driver):
         for c in range(self.chains):
             self.dispatch_task(c % self.num_executors, ("step", c, 0))
 
+    def handle_partial_recovery(self, info):
+        return False if self.config.get("refuse_partial") else None  # as an app that cannot recount would
+
     def handle_task_completion(self, result):
         kind = result[0]
         if kind == "check":
