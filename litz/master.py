@@ -525,8 +525,8 @@ class Master(Process):
     # -- elasticity ----------------------------------------------------------------------------------
     def rebalance(self, kind: str, processes: list[str]) -> None:
         """Plan and start the moves that spread executors and shards over the active processes."""
-        if not self.started or self.recovery.in_progress is not None:
-            return
+        if not self.started or self.recovery.in_progress is not None or self.recovery.restoring is not None:
+            return  # a recovery that joins newcomers (replacements) balances once it is done
         self.flush_outbox()  # tasks already dispatched must reach a source before its move order
         for eid, dest in list(self.copied_ready.items()):
             self.on_input_copied(dest, eid)

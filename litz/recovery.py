@@ -274,6 +274,7 @@ class Recovery:
                     raise LitzError(f"{why}, and no checkpoint could be restored: {exc}") from None
         m.joblog.event("recovery", checkpoint=ckpt.path, seq=ckpt.seq, lost=lost_ids, noticed=noticed,
                        duration_s=round(time.time() - t0, 4), tasks_completed=m.tasks_completed)
+        m.rebalance("scale_out", [])  # processes that joined while the restore ran
 
     def restore(self, ckpt: Checkpoint, wait_for: dict[str, int] | None = None) -> None:
         m = self.master
@@ -371,6 +372,8 @@ class Recovery:
         self.restoring = None
         m.joblog.event("partial_recovery", lost=lost_ids, noticed={x.ident: x.noticed for x in lost}, source=source,
                        shards_restored=len(lost_shards), duration_s=round(time.time() - t0, 4))
+        m.rebalance("scale_out", [])  # a replacement that joined meanwhile: moving shards to it mid-recovery
+        # would have the live server forward requests the workers are about to send again
 
     def replace(self, lost: list[Member]) -> None:
         """Forget the lost processes; a local launcher starts a new one for each."""

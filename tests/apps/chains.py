@@ -6,6 +6,7 @@ also adds 1 to "total" and a block of ones to arrays of several dtypes, so lost 
 Executors count the tasks they ran (state that must survive migration and recovery) and check their
 input data (which is re-loaded, never moved, on scale-in).
 """
+import os
 import time
 
 import numpy as np
@@ -72,6 +73,9 @@ class ChainExecutor(litz.Executor):
                 "missing": self.ps_get("never-updated"),
             })
         _, c, t = args
+        gate = self.config.get("gate")  # a file: while it exists, the second half of the executors wait
+        while gate and self.executor_id >= self.num_executors // 2 and os.path.exists(gate):
+            time.sleep(0.01)
         value = self.ps_get(("chain", c))
         seen = 0 if value is None else int(value)
         if self.config.get("sleep"):
