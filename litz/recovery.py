@@ -252,7 +252,8 @@ class Recovery:
             raise LitzError(f"{why} and there is no checkpoint to recover from"
                             + ("" if self.store else " (run with --checkpoint-dir)"))
         self.abort_in_progress()
-        self.replace([x for x in lost if x.ident in m.workers or x.ident in m.servers])  # a partial one may have
+        # those a failed partial recovery has not already forgotten and replaced
+        self.replace([x for x in lost if x.ident in m.workers or x.ident in m.servers])
         attempts = 0
         while True:
             attempts += 1
@@ -372,8 +373,9 @@ class Recovery:
         self.restoring = None
         m.joblog.event("partial_recovery", lost=lost_ids, noticed={x.ident: x.noticed for x in lost}, source=source,
                        shards_restored=len(lost_shards), duration_s=round(time.time() - t0, 4))
-        m.rebalance("scale_out", [])  # a replacement that joined meanwhile: moving shards to it mid-recovery
-        # would have the live server forward requests the workers are about to send again
+        # a replacement that joined meanwhile gets its shards only now: moved mid-recovery, the live server
+        # would forward requests the workers are about to send again
+        m.rebalance("scale_out", [])
 
     def replace(self, lost: list[Member]) -> None:
         """Forget the lost processes; a local launcher starts a new one for each."""

@@ -97,6 +97,21 @@ def _bare_worker():
     return w, Fetch
 
 
+def _worker_on_two_servers():
+    """A bare worker that also has what servers_lost touches: 4 shards on s0 and s1, disconnects recorded."""
+    import types
+    from collections import defaultdict
+
+    from litz.keys import ShardMap
+
+    w, Fetch = _bare_worker()
+    w.lost_servers, w.out_gets, w.next_fid, w.map_version = set(), defaultdict(list), 5, 1
+    w.shardmap = ShardMap(4, ["s0", "s1", "s0", "s1"])
+    w.reach = lambda peer: None
+    w.endpoint = types.SimpleNamespace(disconnect=lambda peer: w.sent.append(("disconnect", peer)))
+    return w, Fetch
+
+
 def test_forwarded_ack_with_a_coincident_count_drops_liveness():
     """s2 acknowledges items s1 forwarded to it (a shard moved) before its own: the count alone would match
     s2's own items, so without the forwarded flag the worker would add them before s2 applied them."""
@@ -135,17 +150,9 @@ def test_live_entries_off_serve_by_the_version_rule_alone():
 def test_after_a_partial_recovery_what_lost_servers_never_answered_goes_to_the_new_owners():
     """Gets and unacknowledged flush parts of the lost server s1 go to its shards' new owners, under flush
     ids of their own; a late answer from s1 is ignored; the flush completes once every part is acknowledged."""
-    import types
-    from collections import defaultdict
-
     from litz import protocol as P
-    from litz.keys import ShardMap
 
-    w, Fetch = _bare_worker()
-    w.lost_servers, w.out_gets, w.next_fid, w.map_version = set(), defaultdict(list), 5, 1
-    w.shardmap = ShardMap(4, ["s0", "s1", "s0", "s1"])
-    w.reach = lambda peer: None
-    w.endpoint = types.SimpleNamespace(disconnect=lambda peer: w.sent.append(("disconnect", peer)))
+    w, Fetch = _worker_on_two_servers()
     key = {}
     for i in range(1000):
         key.setdefault(w.shardmap.shard(f"k{i}"), f"k{i}")
@@ -167,17 +174,9 @@ def test_after_a_partial_recovery_what_lost_servers_never_answered_goes_to_the_n
 def test_a_resent_flush_part_completes_when_a_moving_shards_server_splits_it():
     """After a partial recovery a part goes again to s0, which has meanwhile moved one of its shards to s2:
     s0 acknowledges what it applied and s2 the rest, both under the resent flush id."""
-    import types
-    from collections import defaultdict
-
     from litz import protocol as P
-    from litz.keys import ShardMap
 
-    w, _ = _bare_worker()
-    w.lost_servers, w.out_gets, w.next_fid, w.map_version = set(), defaultdict(list), 5, 1
-    w.shardmap = ShardMap(4, ["s0", "s1", "s0", "s1"])
-    w.reach = lambda peer: None
-    w.endpoint = types.SimpleNamespace(disconnect=lambda peer: None)
+    w, _ = _worker_on_two_servers()
     w.flushing[4] = [2, ["res"], {"s1": [(1, "a", 2), (3, "b", 4)]}, None]
     w.servers_lost({"s1"}, (P.SHARDS, 4, ["s0", "s0", "s0", "s0"], 2))
     assert ("s0", (P.UPDATES, 5, [(1, "a", 2), (3, "b", 4)])) in w.sent
