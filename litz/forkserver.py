@@ -18,6 +18,7 @@ changing while the job runs: the fork server keeps the pages as they were). With
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import gc
 import os
 import select
@@ -217,6 +218,7 @@ def _serve(conn: Connection, launcher: int) -> None:
     die_with_parent()
     if os.getppid() != launcher:
         return
+    close_inherited_fds(keep=(conn.fileno(), *_stream_fds()))
     set_blas_threads(int(os.environ.get("OPENBLAS_NUM_THREADS") or 1))
     # The launcher's objects, inherited, are never garbage here or in the children: keep the collector off
     # them, or each child's first collections walk them all and copy every page they touch (50 ms for a
@@ -244,6 +246,43 @@ def _serve(conn: Connection, launcher: int) -> None:
                 _child(conn, pidfds, argv, env, title)
             pidfds[os.pidfd_open(pid)] = pid
             conn.send(("started", pid))
+
+
+def _stream_fds() -> list[int]:
+    """The descriptors behind ``sys.stdout`` and ``sys.stderr``: a launcher may have them on files of its own
+    (pytest's capture does), and the children write their errors through them."""
+    fds = []
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            fds.append(stream.fileno())
+        except (AttributeError, OSError, ValueError):  # no descriptor (an in-memory stream), or closed
+            pass
+    return fds
+
+
+def close_inherited_fds(keep: tuple[int, ...] = ()) -> None:
+    """Close every descriptor but stdin, stdout, stderr and ``keep``, as ``subprocess`` does for a child.
+
+    The launcher may be a user's program with files and sockets open (a listening port, a lock file, a pipe
+    whose reader waits for its end); forks would hold them for the job's lifetime. Called while the fork
+    server has one thread and has opened nothing of its own."""
+    try:
+        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:  # no /proc: close the whole range around the kept ones
+        low = 3
+        for fd in sorted({k for k in keep if k > 2}):
+            os.closerange(low, fd)
+            low = fd + 1
+        os.closerange(low, os.sysconf("SC_OPEN_MAX"))
+        fds = []
+    for fd in fds:
+        if fd > 2 and fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:  # the directory listing's own descriptor, closed already
+                pass
+    if faulthandler.is_enabled():  # its file may have been one of them: a crash report goes to stderr instead
+        faulthandler.enable(file=2, all_threads=True)
 
 
 def _child(conn: Connection, pidfds: dict[int, int], argv: list[str], env: dict[str, str], title: str) -> None:

@@ -39,6 +39,25 @@ def test_children_are_forks_of_one_fork_server_named_for_their_role(launcher_bla
     assert all(f["launcher_class"] for f in facts), "a fork runs the launcher's executor class, not a copy"
 
 
+@pytest.mark.parametrize("spawn", ["fork", "exec"])
+def test_children_do_not_hold_the_launchers_files_and_sockets(tmp_path, monkeypatch, spawn):
+    """A launcher's open file and listening socket stay its own: a worker holding them would keep the port
+    bound (or a lock held, a pipe open) for as long as the job runs."""
+    import socket
+
+    monkeypatch.setenv("LITZ_SPAWN", spawn)
+    path = tmp_path / "launcher-file"
+    with open(path, "w") as mine, socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        sock_target = os.readlink(f"/proc/self/fd/{listening.fileno()}")
+        assert os.readlink(f"/proc/self/fd/{mine.fileno()}") == str(path)
+        facts = litz.run(app_path("whoami"), workers=2, servers=1, executors=2, name=f"fds-{spawn}")
+    held = [target for f in facts for target in f["open_files"]]
+    assert held, "the workers' own sockets show, so the check looks at the right descriptors"
+    assert str(path) not in held and sock_target not in held, held
+
+
 def test_litz_spawn_exec_starts_fresh_interpreters(monkeypatch, launcher_blas_threads):
     monkeypatch.setenv("LITZ_SPAWN", "exec")
     facts = litz.run(app_path("whoami"), workers=2, servers=1, executors=2, name="exec-job")
@@ -142,3 +161,35 @@ def test_a_class_loaded_again_is_pickled_only_for_workers_that_lack_it(monkeypat
     monkeypatch.setenv("LITZ_SPAWN", "exec")
     facts = litz.run("tests.apps.whoami", workers=2, servers=1, executors=2, name="exec-again")
     assert len(sent) == 2 and not any(f["launcher_class"] for f in facts), "each fresh worker got the blob"
+
+
+@pytest.mark.parametrize("proc", [True, False], ids=["proc", "no-proc"])
+def test_close_inherited_fds_keeps_only_the_standard_streams_and_what_it_is_told(proc):
+    from litz.forkserver import close_inherited_fds
+
+    read_end, write_end = os.pipe()
+    kept_read, kept_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child closes; its exit code says which descriptors it still had
+        try:
+            if not proc:
+                os.listdir = lambda path: (_ for _ in ()).throw(OSError("no /proc"))
+            close_inherited_fds(keep=(1, kept_write))
+            alive = []
+            for fd in (0, 1, 2, read_end, write_end, kept_write):
+                try:
+                    os.fstat(fd)
+                    alive.append(fd)
+                except OSError:
+                    pass
+            os.write(kept_write, repr(alive).encode())
+            os._exit(0)
+        finally:
+            os._exit(1)
+    os.close(kept_write)
+    _, status = os.waitpid(pid, 0)
+    report = os.read(kept_read, 100).decode()
+    for fd in (read_end, write_end, kept_read):
+        os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert report == repr([0, 1, 2, kept_write]), report

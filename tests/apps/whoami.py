@@ -20,6 +20,18 @@ class WhoAmI(litz.Driver):
             self.finish(self.results)
 
 
+def open_files() -> list[str]:
+    """What this process's descriptors above stderr point at (files by path, sockets as socket:[inode])."""
+    targets = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if int(fd) > 2:
+                targets.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # the listing's own descriptor
+            pass
+    return targets
+
+
 class WhoAmIExecutor(litz.Executor):
     def run_task(self, args):
         with open("/proc/self/cmdline", "rb") as f:
@@ -28,7 +40,7 @@ class WhoAmIExecutor(litz.Executor):
             grandparent = int(f.read().rsplit(")", 1)[1].split()[1])
         return {"pid": os.getpid(), "ppid": os.getppid(), "grandparent": grandparent, "cmdline": cmdline,
                 "blas_threads": blas_threads(), "secret_set": bool(os.environ.get("LITZ_SECRET")),
-                "global_random": int(np.random.randint(2**62)),
+                "global_random": int(np.random.randint(2**62)), "open_files": open_files(),
                 # the class the launcher loaded (a fork), not a copy unpickled from the app's blob
                 "launcher_class": type(self) is getattr(sys.modules.get(type(self).__module__), type(self).__name__,
                                                         None)}
