@@ -72,10 +72,14 @@ class JobLog:
             self.stream.write(line + "\n")
         self.stream.flush()
 
-    def end_progress(self) -> None:
-        if self.progress and self._tty:
+    def end_progress(self, state: str = "finished") -> None:
+        if not self.progress:
+            return
+        if self._tty:
             self.stream.write("\n")
-            self.stream.flush()
+        if state == "stopped":  # else a stopped job ends like a finished one, with its null result
+            self.stream.write(f"[litz {self.elapsed():7.1f}s] stopped by litzctl: the result is null\n")
+        self.stream.flush()
 
     def write_output(self, path: str, doc: dict) -> None:
         doc = {**doc, "events": self.events}

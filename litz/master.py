@@ -218,7 +218,7 @@ class Master(Process):
             self.joblog.show(self.tasks_completed, self.rate(), len(self.workers), len(self.servers))
         self.state = "finished" if self.state == "running" else self.state
         self.joblog.show(self.tasks_completed, self.rate(), len(self.workers), len(self.servers), force=True)
-        self.joblog.end_progress()
+        self.joblog.end_progress(self.state)
         return self.result
 
     def after_batch(self) -> None:

@@ -83,7 +83,7 @@ def test_refusals_and_unknowns(tmp_path):
     name = "elastic-refusals"
     with Processes() as procs:
         job = procs.start(["litz", "run", app_path("chains"), "--name", name, "--workers", "1",
-                           "--config", "chains=4", "steps=100000", "sleep=0.001", "--no-progress"])
+                           "--config", "chains=4", "steps=100000", "sleep=0.001"])  # progress on: the stop line
         wait_for(lambda: status(name), 30, "the job's status")
         for args, message in [
             (["scale", "--workers", "0"], "cannot scale to 0 workers"),
@@ -103,6 +103,7 @@ def test_refusals_and_unknowns(tmp_path):
         assert res.returncode == 0, res.stderr
         stdout, stderr = job.communicate(timeout=30)
         assert job.returncode == 0 and json.loads(stdout) is None, stderr
+        assert stderr.strip().splitlines()[-1].endswith("stopped by litzctl: the result is null"), stderr
 
 
 @pytest.mark.timeout(90)
