@@ -55,13 +55,13 @@ def tune_malloc() -> None:
         pass
 
 
-def die_with_parent() -> None:
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
     """Local children end when their launcher ends, even if it is killed (Linux PR_SET_PDEATHSIG)."""
     try:
         import ctypes
 
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        libc.prctl(1, sig)  # PR_SET_PDEATHSIG
     except OSError:
         pass
 
@@ -121,6 +121,12 @@ class Process:
             raise LitzError(f"{self.role} {self.ident} was taken out of the job: the master lost contact with it "
                             "or its registration lapsed")
         return True
+
+    def leave_now(self) -> None:
+        """Signal-safe: the launcher of a local job died, and the master with it: end the event loop at once,
+        without asking to drain (nobody is left to answer) or delivering what is queued."""
+        self.running = False
+        self.stopped = True
 
     def request_drain(self) -> None:
         """Signal-safe: the event loop asks the master to move this process's work away."""

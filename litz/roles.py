@@ -35,8 +35,9 @@ def serve(role: str, name: str, *, etcd: str | None = None, home: str | None = N
           secret_file: str | None = None, host: str = "127.0.0.1", bind_host: str | None = None,
           ident: str | None = None, start_timeout: float = 60.0, port: int = 0,
           memory_limit: int | None = None) -> None:
-    if os.environ.get("LITZ_PARENT_PID"):
-        die_with_parent()
+    local = bool(os.environ.get("LITZ_PARENT_PID"))
+    if local:
+        die_with_parent(signal.SIGHUP)  # not SIGTERM, which asks to drain (below)
         if os.getppid() != int(os.environ["LITZ_PARENT_PID"]):
             return  # the launcher is already gone
         # Ctrl-C reaches the whole process group; the launcher stops the job and says so, once
@@ -66,6 +67,8 @@ def serve(role: str, name: str, *, etcd: str | None = None, home: str | None = N
         proc.running_ckpt.seeding = bool(master.get("running_checkpoint"))
     # SIGTERM (docker stop, Kubernetes without a preStop hook, Slurm preemption): leave gracefully
     signal.signal(signal.SIGTERM, lambda *_: proc.request_drain())
+    if local:  # the parent died: the launcher, whose process ran the master, is gone, and the job with it
+        signal.signal(signal.SIGHUP, lambda *_: proc.leave_now())
     membership.register(role, ident, {"address": proc.endpoint.address})
     try:
         proc.run(start_timeout)

@@ -112,6 +112,27 @@ def test_ctrl_c_stops_every_process_and_says_so_once(spawn):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("spawn", ["fork", "exec"])
+def test_a_killed_launcher_takes_its_workers_and_servers_with_it_at_once(spawn):
+    """The master ran in the launcher, so its workers and servers have nothing left to do. They end at once,
+    not after the drain that SIGTERM asks for, whose check for a gone master comes every 5 s (4.8 s here
+    before)."""
+    import psutil
+
+    name = f"killed-launcher-{spawn}"
+    with Processes() as procs:
+        job = procs.start(["litz", "run", "apps.mlr", "--name", name, "--config", "synthetic=1", "epochs=5000",
+                           "--no-progress"], env={**os.environ, "LITZ_SPAWN": spawn})
+        wait_for(lambda: (s := status(name)) and s["state"] == "running" and len(s["workers"]) == 2, 30,
+                 "the job to run")
+        children = psutil.Process(job.pid).children(recursive=True)
+        os.kill(job.pid, signal.SIGKILL)
+        job.wait()
+        assert wait_for(lambda: all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in children),
+                        3.0, "every worker and server to end with the launcher")
+
+
+@pytest.mark.timeout(60)
 def test_ctrl_c_while_executors_load_does_not_wait_for_them():
     """Children deep in load_input do not read the master's stop; an interrupted job's launcher ends them at
     once (a short grace, SIGTERM, SIGKILL) instead of the finished job's grace of seconds (7 s here before)."""
