@@ -255,6 +255,9 @@ class Server(Process):
                     table = load_running_shard(root, shard)
                 else:
                     table = read_part(root, shard_part(shard), meta)
+                # held here again: an old forward (it moved away before it reached the lost server) would send
+                # its requests to a live server that forwards them back here, for ever
+                self.forward.pop(shard, None)
                 self.shards[shard] = table
                 self.running_ckpt.reset(shard, table)
                 self.exported = {ref for ref in self.exported if ref[0] != shard}

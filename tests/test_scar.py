@@ -261,6 +261,44 @@ def test_a_server_refuses_partial_recovery_after_forwarding_to_the_lost_server()
     assert restore(FORWARD_SETTLE_S + 1) == [("master", P.RESTORED)]
 
 
+def test_a_shard_restored_where_it_once_was_is_served_there_not_forwarded(tmp_path):
+    """Shard 5 moved s0 -> s1 -> s2, and s2 is lost long after. Partial recovery gives it back to s0, which
+    still had its old forward to s1, while s1 now forwards it to s0: a request went round between them for
+    ever. s0 must answer it itself."""
+    from litz import protocol as P
+    from litz.outofcore import ShardTables
+    from litz.scar import RunningCheckpoint
+    from litz.server import Server
+
+    sent: list = []
+
+    def bare(ident: str) -> Server:
+        server = Server.__new__(Server)
+        server.ident, server.shards, server.forward, server.last_forward = ident, ShardTables(ident), {}, {}
+        server.exported, server.running_ckpt = set(), RunningCheckpoint()
+        server.send = lambda to, msg, pickler=None: sent.append((ident, to, msg))
+        return server
+
+    s0, s1 = bare("s0"), bare("s1")
+    s0.move_shard(5, "s1")
+    s1.receive_shard(5, {"k": np.ones(3)})
+    s1.move_shard(5, "s2")
+    owners = ["s0"] * 8
+    s0.restore_lost_shards("running", str(tmp_path), {5: None}, {"s2"}, owners)
+    s1.restore_lost_shards("running", str(tmp_path), {}, {"s2"}, owners)
+    assert [msg[0] for _, to, msg in sent[-2:]] == [P.RESTORED, P.RESTORED]
+    sent.clear()
+    s0.handle("w0", (P.GETS, [(7, 5, "k")]))
+    s1.handle("w0", (P.UPDATES, 3, [(5, "k", np.ones(3))]))  # a worker with the old map asks s1
+    for _ in range(4):  # deliver what the servers sent each other
+        for frm, to, msg in [m for m in sent if m[1] in ("s0", "s1")]:
+            sent.remove((frm, to, msg))
+            {"s0": s0, "s1": s1}[to].handle(frm, msg)
+    assert [(frm, to, msg[0]) for frm, to, msg in sent] == [("s0", "w0", P.VALUES), ("s0", "w0", P.ACK)], sent
+    assert sent[0][2][1] == [(7, None)], "the restored shard starts empty (no running checkpoint was saved)"
+    np.testing.assert_array_equal(s0.shards[5]["k"], np.ones(3))
+
+
 @pytest.mark.timeout(120)
 def test_an_app_that_refuses_partial_recovery_is_restored_whole(tmp_path):
     """handle_partial_recovery returning False (an app whose parameters cannot be recounted, as HDBSCAN's)
