@@ -109,6 +109,7 @@ class Master(Process):
         self.spawn = spawn
         self.workers: dict[str, Member] = {}
         self.servers: dict[str, Member] = {}
+        self.addresses: dict[str, str] = {}  # every id that joined -> its latest process's address
         self.executor_owner: list[str] = []
         self.shard_owner: list[str] = []
         self.map_version = 0
@@ -417,6 +418,12 @@ class Master(Process):
 
     def on_hello(self, ident: str, role: str, info: dict) -> None:
         self.endpoint.connect(ident, info["address"])  # watched (watches_peers), maybe made already
+        if self.addresses.get(ident, info["address"]) != info["address"]:
+            # an id seen before (a container restarted with its --id): connections to the old process are dead
+            for peer in [*self.workers, *self.servers]:
+                if peer != ident:
+                    self.send(peer, (P.PEER, ident, info["address"]))
+        self.addresses[ident] = info["address"]
         members = self.workers if role == "worker" else self.servers
         members[ident] = Member(ident, role, {**(self.membership.member(ident) or {}), **info,
                                               "id_taken": self.membership.get(f"ids/{ident}")})

@@ -104,9 +104,16 @@ class Process:
             self.running = False
         elif tag == P.DIE:
             os.kill(os.getpid(), msg[1])
+        elif tag == P.PEER:
+            if self.endpoint.knows(msg[1]):
+                self.endpoint.connect(msg[1], msg[2])  # a connection to the old process's address would be dead
+            self.peer_rejoined(msg[1])
         else:
             return False
         return True
+
+    def peer_rejoined(self, ident: str) -> None:
+        """A process of a lost or retired one's id joined the job again: it is a new process."""
 
     def job_goes_on(self) -> bool:
         """The worker's and server's once-a-second registry check: False once the job is over (its master is

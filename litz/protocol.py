@@ -14,6 +14,7 @@ UPDATES = "updates"    # worker -> server: (UPDATES, flush_id, [(shard, key, del
 ACK = "ack"            # server -> worker: (ACK, flush_id, items_applied, [error, ...][, True: forwarded items])
 STOP = "stop"          # master -> worker/server: (STOP,)
 STATS = "stats"        # worker/server -> master: (STATS, {rss, ...}) about once a second
+PEER = "peer"          # master -> worker/server: (PEER, ident, address) a new process joined under a known id
 
 # elasticity
 MOVE_EXECUTOR = "move_executor"  # master -> source worker: (MOVE_EXECUTOR, eid, dest, with_input, copied)

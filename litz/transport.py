@@ -42,7 +42,7 @@ WATCHED_RECONNECT_MS = 50  # a watched peer's connection is retried this often a
 HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS = 1000, 5000
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 # A message's first frame is a pickle stream (b"\x80...") unless it is one of these.
-_CONTROL = b"LZC"  # ring handshake: pickled (what, ring id, ...)
+_CONTROL = b"LZC"  # connection hello and ring handshake: pickled (what, ring id, ...)
 _RINGED = b"LZR"  # then ring id, count, (frame index, position, length) * count; then the message
 _RINGED_HEAD = struct.Struct("<3sIH")
 _RINGED_ENTRY = struct.Struct("<HQQ")
@@ -130,6 +130,9 @@ class Endpoint:
             monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
             self._watches[peer] = _Watch(monitor)
         sock.connect(address)
+        # First on this connection: where we listen. A peer that knew a process of our id at another address
+        # (we restarted under the same --id) sends its answers to that address until it hears this.
+        sock.send_multipart([_CONTROL + pickle.dumps(("hello", 0, self.address))])
         self._peers[peer] = sock
         self._addresses[peer] = address
         if self._rings:  # offered now, so it is accepted before the first large frame (which would go inline)
@@ -236,6 +239,10 @@ class Endpoint:
 
     def _on_control(self, sender: str, what: tuple) -> None:
         kind, ring_id = what[0], what[1]
+        if kind == "hello":
+            if self._addresses.get(sender, what[2]) != what[2]:  # a new process under a known id
+                self.connect(sender, what[2])
+            return
         if kind == "offer":
             name, address = what[2], what[3]
             if not self.knows(sender):

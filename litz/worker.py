@@ -351,6 +351,9 @@ class Worker(Process):
         for server in old - servers - self.lost_servers:
             self.send(server, (P.FENCE, version))  # behind every request we ever sent it
 
+    def peer_rejoined(self, ident: str) -> None:
+        self.lost_servers.discard(ident)  # what it sends comes from the new process: not a late answer
+
     def servers_lost(self, lost: set[str], shard_map: tuple) -> None:
         """SCAR partial recovery: the live servers hold the lost shards now (restored from a checkpoint).
         Ask their new owners what the lost servers never answered: outstanding gets, and the parts of update

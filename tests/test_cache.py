@@ -1,5 +1,7 @@
 """The worker's parameter cache: live entries (own acknowledged updates applied, other workers' writes
 invalidate), unit-level and end to end."""
+import types
+
 import numpy as np
 import pytest
 
@@ -99,7 +101,6 @@ def _bare_worker():
 
 def _worker_on_two_servers():
     """A bare worker that also has what servers_lost touches: 4 shards on s0 and s1, disconnects recorded."""
-    import types
     from collections import defaultdict
 
     from litz.keys import ShardMap
@@ -169,6 +170,24 @@ def test_after_a_partial_recovery_what_lost_servers_never_answered_goes_to_the_n
     assert not [m for m in w.sent if m[0] == "master" and m[1][0] == P.DONE]
     w.on_ack("s0", 6, 1, [])
     assert w.sent[-1] == ("master", (P.DONE, ["res"], None)) and not w.flushing and not w.resent_fids
+
+
+def test_a_lost_servers_id_that_joins_again_is_heard_before_the_map_names_it():
+    """s1 was lost and its late answers ignored. A new process joins as s1 and gets shards by moves, so it
+    answers what s0 forwards to it before any shard map lists s1: the master's PEER message comes first
+    and makes the worker hear it."""
+    from litz import protocol as P
+
+    w, Fetch = _worker_on_two_servers()
+    w.endpoint.knows = lambda peer: False
+    w.servers_lost({"s1"}, (P.SHARDS, 4, ["s0", "s0", "s0", "s0"], 2))
+    w.fetches[9] = Fetch("k", 2, "s0", w.cache.ticket())
+    w.fetches[9].waiters.append((types.SimpleNamespace(values=[None], missing=1), 0))
+    w.handle("s1", (P.VALUES, [(9, 41)], True))  # the old s1, read late: ignored
+    assert 9 in w.fetches
+    w.handle("master", (P.PEER, "s1", "tcp://10.0.0.9:4000"))
+    w.handle("s1", (P.VALUES, [(9, 42)], True))  # the new s1 answers what s0 forwarded to it
+    assert 9 not in w.fetches and w.runnable and w.runnable[0].values == [42]
 
 
 def test_a_resent_flush_part_completes_when_a_moving_shards_server_splits_it():

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from litz.server import FORWARD_SETTLE_S
 from tests.helpers import Processes, app_path, run_cli, status, wait_for
 from tests.test_elasticity import CHAINS, STEPS, check_result, ctl
 
@@ -106,3 +107,75 @@ def test_killed_worker_and_server_are_noticed_by_their_connections_and_recovered
     recoveries = [ev for ev in json.loads(out.read_text())["events"] if ev["kind"] == "recovery"]
     noticed = {k: v for ev in recoveries for k, v in ev["noticed"].items()}
     assert noticed == {ids[p.pid]: "connection dropped" for p in victims}, recoveries
+
+
+@pytest.mark.timeout(150)
+def test_a_worker_restarted_under_its_id_at_a_new_address_is_answered_there(etcd, tmp_path):
+    """A container that restarts in its pod or compose service keeps its --id but listens on a new port. The
+    server and the other worker had connections to the old address; messages sent there are never read."""
+    e, name, out = etcd.endpoint, "cluster-same-id", tmp_path / "out.json"
+    with Processes() as procs:
+        procs.start(role("worker", e, name))
+        victim = procs.start(role("worker", e, name, "--id", "wx"))
+        procs.start(role("server", e, name))
+        master = procs.start(master_args(e, name, "--output", str(out), "--checkpoint-dir", str(tmp_path / "ckpt"),
+                                         "--checkpoint-every", "0.3"))
+        st = wait_for(lambda: (s := status(name, e)) and s["checkpoints"] >= 1 and len(s["workers"]) == 2 and s,
+                      60, "a checkpoint")
+        old_address = next(w["address"] for w in st["workers"] if w["id"] == "wx")
+        os.kill(victim.pid, signal.SIGKILL)
+        wait_for(lambda: (s := status(name, e)) and [w["id"] for w in s["workers"]] != ["wx"] and
+                 "wx" not in [w["id"] for w in s["workers"]] and s["state"] == "running", 60, "the recovery")
+        procs.start(role("worker", e, name, "--id", "wx"))
+        st = wait_for(lambda: (s := status(name, e)) and any(w["id"] == "wx" and w["executors"] for w in s["workers"])
+                      and s, 60, "wx back, with executors")
+        assert next(w["address"] for w in st["workers"] if w["id"] == "wx") != old_address
+        stdout, stderr = master.communicate(timeout=120)
+        assert master.returncode == 0, stderr
+    check_result(json.loads(stdout), steps=STEPS_LONG)
+    events = json.loads(out.read_text())["events"]
+    assert [ev["lost"] for ev in events if ev["kind"] == "recovery"] == [["wx"]], events
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("recovery", ["recovery", "partial_recovery"])
+def test_a_server_restarted_under_its_id_at_a_new_address_gets_its_shards(etcd, tmp_path, recovery):
+    """The first server moved shards to sx when sx joined, so it has a connection to sx's first address. sx is
+    killed and restarts with its --id: the next moves to it must go to its new address, although the new sx
+    never sends the first server anything itself. After a partial recovery the workers ignore the lost sx;
+    the new one, answering what the first server forwards to it, must be heard."""
+    e, name, out = etcd.endpoint, f"cluster-same-server-id-{recovery[:4]}", tmp_path / "out.json"
+    partial = ["--partial-recovery"] if recovery == "partial_recovery" else []
+    with Processes() as procs:
+        procs.start(role("worker", e, name))
+        procs.start(role("worker", e, name))
+        procs.start(role("server", e, name))
+        master = procs.start(master_args(e, name, "--output", str(out), "--checkpoint-dir", str(tmp_path / "ckpt"),
+                                         "--checkpoint-every", "0.3", *partial))
+        wait_for(lambda: (s := status(name, e)) and s["checkpoints"] >= 1 and s, 60, "a checkpoint")
+
+        def sx_with_shards():
+            st = status(name, e)
+            return st and st["state"] == "running" and next(
+                (s for s in st["servers"] if s["id"] == "sx" and s["shards"]), None)
+
+        victim = procs.start(role("server", e, name, "--id", "sx"))
+        old_address = wait_for(sx_with_shards, 60, "sx joined, with shards")["address"]
+        if partial:  # what the first server forwarded to sx while its shards moved was answered long ago
+            time.sleep(FORWARD_SETTLE_S + 1)
+        wait_for(lambda: (s := status(name, e)) and s["checkpoints"] >= 2, 60, "a checkpoint with sx")
+        os.kill(victim.pid, signal.SIGKILL)
+        wait_for(lambda: (s := status(name, e)) and s["state"] == "running" and
+                 [s["id"] for s in s["servers"]] != ["sx"] and "sx" not in [s["id"] for s in s["servers"]], 60,
+                 "the recovery")
+        procs.start(role("server", e, name, "--id", "sx"))
+        assert wait_for(sx_with_shards, 60, "sx back, with shards")["address"] != old_address
+        stdout, stderr = master.communicate(timeout=120)
+        assert master.returncode == 0, stderr
+    result = json.loads(stdout)
+    if partial:  # the lost shards went back to a checkpoint (SCAR): only what ran is exact
+        assert result["tasks_ran"] == CHAINS * STEPS_LONG
+    else:
+        check_result(result, steps=STEPS_LONG)
+    events = json.loads(out.read_text())["events"]
+    assert [ev["lost"] for ev in events if ev["kind"] == recovery] == [["sx"]], events
