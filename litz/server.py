@@ -46,7 +46,7 @@ class Server(Process):
         super().__init__(*args, **kwargs)
         self.shards = ShardTables(self.ident)  # shard -> key -> value, spilled to disk beyond a budget
         self.forward: dict[int, str] = {}  # shard -> the server it was sent to
-        self.last_forward: dict[str, float] = {}  # server -> when a request was last forwarded to it
+        self.last_forward: dict[str, float] = {}  # server -> when a request was last forwarded to it, or from it
         self.exported: set = set()  # (shard, key) of arrays handed to ZeroMQ since their last update
         self.running = True
         self.retire_waiting: set[str] | None = None  # workers whose fence we still need before exiting
@@ -85,8 +85,10 @@ class Server(Process):
         elif tag == P.UPDATES:
             self.on_updates(sender, msg[1], msg[2])
         elif tag == P.FWD_GETS:
+            self.last_forward[sender] = time.monotonic()
             self.on_gets(msg[1], msg[2], forwarded=True)
         elif tag == P.FWD_UPDATES:
+            self.last_forward[sender] = time.monotonic()
             self.on_updates(msg[1], msg[2], msg[3], forwarded=True)
         elif tag == P.SHARDS:
             for shard, owner in enumerate(msg[2]):
@@ -235,12 +237,14 @@ class Server(Process):
         Requests still arrive under older shard maps (nothing is reset), so what was forwarded to a lost
         server now goes to its shard's new owner, or stays here if that is this server. What was forwarded
         to it shortly before may never have been answered, and the worker that asked cannot know it went
-        there: then this server refuses, and the master restores the whole job from a full checkpoint."""
+        there: then this server refuses, and the master restores the whole job from a full checkpoint. So it
+        does when a lost server forwarded requests to it shortly before: the worker that asked the lost server
+        sends them again, here, and an update would be applied twice."""
         now = time.monotonic()
         recent = sorted(d for d in lost if now - self.last_forward.get(d, now - FORWARD_SETTLE_S) < FORWARD_SETTLE_S)
         if recent:
-            why = f"less than {FORWARD_SETTLE_S:.0f} s before: their answers may be lost"
-            self.send("master", (P.RESTORE_FAILED, f"server {self.ident} forwarded requests to "
+            why = f"less than {FORWARD_SETTLE_S:.0f} s before: the workers cannot know what was answered"
+            self.send("master", (P.RESTORE_FAILED, f"server {self.ident} exchanged forwarded requests with "
                                                    f"{', '.join(recent)} {why}"))
             return
         for shard, dest in list(self.forward.items()):

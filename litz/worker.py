@@ -674,7 +674,9 @@ class Worker(Process):
     def on_values(self, server: str | None, items: list) -> None:
         store = self.cache.store
         for rid, value in items:
-            fetch = self.fetches.pop(rid)
+            fetch = self.fetches.pop(rid, None)
+            if fetch is None:  # answered already: a request asked again elsewhere after a partial recovery
+                continue
             # live only if answered by the server asked: then it comes in order with that server's acks
             store(fetch.key, fetch.version, value, fetch.ticket if server == fetch.server else None)
             if self.fetch_by_key.get(fetch.key) is fetch:

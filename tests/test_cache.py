@@ -188,6 +188,8 @@ def test_a_lost_servers_id_that_joins_again_is_heard_before_the_map_names_it():
     w.handle("master", (P.PEER, "s1", "tcp://10.0.0.9:4000"))
     w.handle("s1", (P.VALUES, [(9, 42)], True))  # the new s1 answers what s0 forwarded to it
     assert 9 not in w.fetches and w.runnable and w.runnable[0].values == [42]
+    w.handle("s0", (P.VALUES, [(9, 43)]))  # a second answer (asked again after a partial recovery): ignored
+    assert w.runnable[0].values == [42]
 
 
 def test_a_resent_flush_part_completes_when_a_moving_shards_server_splits_it():

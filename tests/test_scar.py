@@ -261,6 +261,27 @@ def test_a_server_refuses_partial_recovery_after_forwarding_to_the_lost_server()
     assert restore(FORWARD_SETTLE_S + 1) == [("master", P.RESTORED)]
 
 
+def test_a_server_refuses_partial_recovery_shortly_after_the_lost_server_forwarded_to_it(tmp_path):
+    """The lost s1 forwarded a worker's update to s0 (a shard moving s1 -> s0): the worker, which sent it to
+    s1, sends it again to the shard's owner s0 and s0 would apply it twice; its answer to a get would come
+    twice. Refused, as the forwards the other way are."""
+    from litz import protocol as P
+    from litz.outofcore import ShardTables
+    from litz.scar import RunningCheckpoint
+    from litz.server import Server
+
+    server, sent = Server.__new__(Server), []
+    server.ident, server.shards, server.forward, server.last_forward = "s0", ShardTables("s0"), {}, {}
+    server.exported, server.running_ckpt = set(), RunningCheckpoint()
+    server.send = lambda to, msg, pickler=None: sent.append((to, msg[0]))
+    server.handle("s1", (P.FWD_UPDATES, "w0", 3, [(1, "k", np.ones(2))]))
+    assert sent == [("w0", P.ACK)]
+    server.restore_lost_shards("running", str(tmp_path), {}, {"s1"}, ["s0", "s0"])
+    assert sent[-1] == ("master", P.RESTORE_FAILED)
+    server.restore_lost_shards("running", str(tmp_path), {}, {"s2"}, ["s0", "s0"])  # another server lost
+    assert sent[-1] == ("master", P.RESTORED)
+
+
 def test_a_shard_restored_where_it_once_was_is_served_there_not_forwarded(tmp_path):
     """Shard 5 moved s0 -> s1 -> s2, and s2 is lost long after. Partial recovery gives it back to s0, which
     still had its old forward to s1, while s1 now forwards it to s0: a request went round between them for
