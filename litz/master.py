@@ -125,6 +125,7 @@ class Master(Process):
         self.spawning: list[tuple[str, Any, float]] = []  # (role, process, when): started by scale, not joined
         self.held: dict[int, list] = defaultdict(list)  # tasks for moving executors
         self.operation: ScaleOperation | None = None
+        self.deferred_scale: tuple[str, list[str]] | None = None  # asked for while a checkpoint or recovery ran
         self.driver = None
         self.version = 0
         self.next_tid = 0
@@ -533,7 +534,17 @@ class Master(Process):
     def rebalance(self, kind: str, processes: list[str]) -> None:
         """Plan and start the moves that spread executors and shards over the active processes."""
         if not self.started or self.recovery.in_progress is not None or self.recovery.restoring is not None:
-            return  # a recovery that joins newcomers (replacements) balances once it is done
+            # a recovery that joins newcomers (replacements) balances once it is done, a checkpoint when it is
+            # written; what was asked for meanwhile keeps its kind (a drain is a scale-in) and its processes
+            if self.started and (processes or kind == "scale_in"):
+                earlier = self.deferred_scale or (kind, [])
+                self.deferred_scale = ("scale_in" if "scale_in" in (kind, earlier[0]) else kind,
+                                       earlier[1] + [p for p in processes if p not in earlier[1]])
+            return
+        if self.deferred_scale is not None:
+            earlier, self.deferred_scale = self.deferred_scale, None
+            kind = "scale_in" if "scale_in" in (kind, earlier[0]) else kind
+            processes = earlier[1] + [p for p in processes if p not in earlier[1]]
         self.flush_outbox()  # tasks already dispatched must reach a source before its move order
         for eid, dest in list(self.copied_ready.items()):
             self.on_input_copied(dest, eid)
@@ -662,6 +673,7 @@ class Master(Process):
                     self.send(s.ident, (P.FENCE, self.map_version, ident))
         self.servers.pop(ident, None)
         self.endpoint.disconnect(ident)
+        self.recovery.member_left(ident)
         self.maybe_end_operation()
 
     def maybe_end_operation(self) -> None:

@@ -98,7 +98,8 @@ class Recovery:
         except OSError as exc:
             self.failed(f"cannot create a checkpoint directory: {exc}")
             return
-        members = [*m.workers, *m.servers]
+        # one told to retire holds nothing (and moves wait for the checkpoint); it may exit before it answers
+        members = [i for i, x in [*m.workers.items(), *m.servers.items()] if not x.retire_sent]
         self.in_progress = {"seq": seq, "tmp": tmp, "parts": {}, "waiting": set(members), "error": None}
         for ident in members:
             m.send(ident, (P.CHECKPOINT, tmp))
@@ -174,9 +175,12 @@ class Recovery:
         r["distances"][sender] = distances
         if not r["waiting"]:
             counts = global_top_counts(r.pop("distances"), self.priority)
+            counts = {i: n for i, n in counts.items() if i in self.master.servers}  # not one that left meanwhile
             r["phase"], r["waiting"] = "save", set(counts)
             for ident, count in counts.items():
                 self.master.send(ident, (P.PRIORITY_SAVE, self.store.root, count))
+            if not counts:
+                self.restart_priority_rounds()
 
     def on_priority_saved(self, sender: str, counts: tuple[int, int, int, int], error: str | None) -> None:
         r = self._round_answer(sender, "save", error)
@@ -325,7 +329,8 @@ class Recovery:
         lost_ids = {x.ident for x in lost}
         return (all(x.role == "server" for x in lost) and not m.moving_executors and not m.copying_input
                 and not m.moving_shards
-                and any(i not in lost_ids for i in m.servers) and (self.priority is not None or bool(self.usable())))
+                and any(i not in lost_ids and s.state == "active" for i, s in m.servers.items())
+                and (self.priority is not None or bool(self.usable())))
 
     def recover_partially(self, lost: list[Member]) -> None:
         """Reload only the lost shards (running checkpoint, else the latest full one); keep all else as it is.
@@ -353,10 +358,11 @@ class Recovery:
         if held:  # the aborted checkpoint held the driver's new dispatches; nothing else would ever send them
             m.release_paused()
         self.replace(lost)  # a replacement joins later; the balancer then gives it shards
-        live = sorted(m.servers)
+        live = sorted(m.servers)  # all hear of the loss (their forwards to the lost servers change)
+        active = [i for i in live if m.servers[i].state == "active"]  # a draining one would move them off again
         lost_shards = [s for s, owner in enumerate(m.shard_owner) if owner in lost_ids]
         for i, shard in enumerate(lost_shards):
-            m.shard_owner[shard] = live[i % len(live)]
+            m.shard_owner[shard] = active[i % len(active)]
         m.map_version += 1
         m.map_dirty = False
         for s in m.servers:
@@ -417,6 +423,20 @@ class Recovery:
             self.replace(lost)
             what = ", ".join(f"{x.role} {x.ident}" for x in lost) + " was lost during recovery"
             raise RestartRecovery([x.ident for x in lost], what, {x.ident: x.noticed for x in lost})
+
+    def member_left(self, ident: str) -> None:
+        """A draining worker or server retired (exited cleanly): nothing waits for its answer any more. It
+        retires only once it holds nothing, so a checkpoint lacks nothing without its part."""
+        if self.restoring is not None:
+            self.restoring["waiting"].discard(ident)
+        cp = self.in_progress
+        if cp is not None and ident in cp["waiting"]:
+            cp["waiting"].discard(ident)
+            if not cp["waiting"]:
+                self.finish_snapshot()
+        r = self.priority_round
+        if r is not None and (ident in r["waiting"] or ident in r.get("distances", {})):
+            self.restart_priority_rounds()  # its share of the round is gone with it: start the next one afresh
 
     def on_restored(self, sender: str, error: str | None) -> None:
         if self.restoring is None:

@@ -212,6 +212,27 @@ def test_priority_rounds_go_on_after_a_recovery(tmp_path):
 
 
 @pytest.mark.timeout(90)
+def test_priority_rounds_go_on_when_a_server_drains_during_one(tmp_path):
+    """Rounds back to back, so the drained server most likely leaves while a round waits for it or is about
+    to tell it what to save: the master must neither wait for it for ever nor send to a process gone."""
+    name, out = "scar-drain-rounds", tmp_path / "out.json"
+    with Processes() as procs:
+        job = procs.start(scar_job("phases", name, tmp_path, "--checkpoint-every", "0.01",
+                                   "--priority-checkpoint", "0.1", "--config", "idle2=60"))
+        wait_for(lambda: phase(name) == "idle3", 30, "the second quiet phase")
+        time.sleep(0.5)
+        assert ctl(name, "drain", "s1").returncode == 0
+        wait_for(lambda: (s := status(name)) and [x["id"] for x in s["servers"]] == ["s0"], 30, "s1 gone")
+        stdout, stderr = job.communicate(timeout=60)
+        assert job.returncode == 0, stderr
+    assert set(json.loads(stdout)["values"].values()) == {11.0}
+    events = json.loads(out.read_text())["events"]
+    left = [e for e in events if e["kind"] == "scale_in"]
+    assert len(left) == 1 and not [e for e in events if e["kind"] in ("recovery", "partial_recovery")]
+    assert len([e for e in events if e["kind"] == "priority_checkpoint" and e["t"] > left[0]["end"]]) >= 5
+
+
+@pytest.mark.timeout(90)
 def test_partial_recovery_during_a_checkpoint_pause_sends_the_held_tasks(tmp_path):
     """A checkpoint holds new dispatches until the running tasks end. A server lost in that pause aborts the
     checkpoint; the tasks the driver dispatched meanwhile must still go out (they were once held for ever)."""
