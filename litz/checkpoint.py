@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import time
 from dataclasses import dataclass
@@ -103,6 +104,13 @@ class CheckpointStore:
             raise LitzError(f"checkpoint directory {self.root} cannot be created: {exc.strerror}") from None
         if not os.access(self.root, os.W_OK):
             raise LitzError(f"checkpoint directory {self.root} is not writable")
+        # This job's checkpoints. The directory may hold an earlier run's (the same command run again without
+        # --resume): recovering from one of those would put the job back into another run's state.
+        self.run: str | None = secrets.token_hex(8)
+
+    def adopt(self, ckpt: Checkpoint) -> None:
+        """--resume: the resumed run's checkpoints are this job's too (None: written before runs had ids)."""
+        self.run = ckpt.manifest.get("run")
 
     def _seqs(self) -> list[int]:
         seqs = []
@@ -122,7 +130,7 @@ class CheckpointStore:
 
     def commit(self, seq: int, tmp: str, manifest: dict) -> str:
         """Write the manifest and rename the checkpoint into place; prune old ones."""
-        manifest = {**manifest, "format": FORMAT, "seq": seq, "written": time.time()}
+        manifest = {**manifest, "format": FORMAT, "seq": seq, "run": self.run, "written": time.time()}
         path = os.path.join(tmp, MANIFEST)
         with open(path, "w") as f:
             json.dump(manifest, f)
@@ -139,8 +147,9 @@ class CheckpointStore:
     def abort(self, tmp: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    def complete(self) -> list[Checkpoint]:
-        """Complete checkpoints, newest first: manifest readable and every part present at its size."""
+    def complete(self, any_run: bool = False) -> list[Checkpoint]:
+        """This run's complete checkpoints (``any_run``: every run's), newest first: manifest readable and
+        every part present at its size."""
         found = []
         for seq in reversed(self._seqs()):
             path = os.path.join(self.root, f"ckpt-{seq:06d}")
@@ -148,7 +157,9 @@ class CheckpointStore:
             if problem:
                 continue
             with open(os.path.join(path, MANIFEST)) as f:
-                found.append(Checkpoint(path, seq, json.load(f)))
+                manifest = json.load(f)
+            if any_run or manifest.get("run") == self.run:
+                found.append(Checkpoint(path, seq, manifest))
         return found
 
     def check(self, path: str) -> str | None:

@@ -183,6 +183,7 @@ class Master(Process):
         if self.resume:
             self.resume_job()
         else:
+            self.recovery.start_fresh()
             self.place_and_create()
             self.start_driver()
         last_check = last_status = last_requests = last_losses = time.time()
@@ -315,7 +316,7 @@ class Master(Process):
 
     def resume_job(self) -> None:
         """Continue a job from the latest complete checkpoint in --checkpoint-dir (--resume)."""
-        checkpoints = self.recovery.usable()
+        checkpoints = self.recovery.usable(any_run=True)
         if not checkpoints:
             where = self.recovery.store.root if self.recovery.store else "(no --checkpoint-dir given)"
             raise LitzError(f"--resume: no complete checkpoint in {where}")
@@ -332,6 +333,7 @@ class Master(Process):
                 checkpoints = checkpoints[1:]
                 if not checkpoints:
                     raise LitzError(f"--resume: no checkpoint could be restored: {exc}") from None
+        self.recovery.store.adopt(checkpoints[0])  # a failure before this run's first checkpoint goes back to it
         self.joblog.event("resume", checkpoint=checkpoints[0].path, seq=checkpoints[0].seq,
                           duration_s=round(time.time() - t0, 4), tasks_completed=self.tasks_completed)
         self.flush_outbox()

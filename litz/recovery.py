@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from . import protocol as P
 from .checkpoint import Checkpoint, CheckpointStore, executor_part, shard_part
 from .errors import LitzError
-from .scar import global_top_counts
+from .scar import clear_running, global_top_counts
 
 if TYPE_CHECKING:
     from .master import Master, Member
@@ -64,6 +64,12 @@ class Recovery:
         self.in_progress: dict | None = None  # seq, tmp, parts, waiting, pause_t0
         self.pause_t0: float | None = None
         self.restoring: dict | None = None  # waiting set, failure
+
+    def start_fresh(self) -> None:
+        """A new job, not --resume: an earlier run's running checkpoint in the directory is not its own (this
+        run's full checkpoints are told apart by the store's run id)."""
+        if self.store is not None and self.priority is not None:
+            clear_running(self.store.root)
 
     # -- checkpoints ---------------------------------------------------------------------------------
     @property
@@ -225,12 +231,13 @@ class Recovery:
         self.pause_t0 = None
 
     # -- recovery ------------------------------------------------------------------------------------
-    def usable(self) -> list[Checkpoint]:
+    def usable(self, any_run: bool = False) -> list[Checkpoint]:
+        """This job's complete checkpoints, newest first (``any_run``: an earlier run's too, for --resume)."""
         if self.store is None:
             return []
         for path, reason in self.store.skipped():
             warn(f"skipping checkpoint {path}: {reason}")
-        return self.store.complete()
+        return self.store.complete(any_run)
 
     def recover(self, lost: list[Member], why: str) -> None:
         """Restore the latest good checkpoint onto the processes still alive (plus replacements)."""

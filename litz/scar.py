@@ -217,6 +217,13 @@ class RunningCheckpoint:
             self._writer = None
 
 
+def clear_running(root: str) -> None:
+    """A new job (not --resume) starts without a running checkpoint: an earlier run's values are not its own."""
+    import shutil
+
+    shutil.rmtree(os.path.join(root, RUNNING), ignore_errors=True)
+
+
 def load_running_shard(root: str, shard: int) -> dict:
     """A shard from the running checkpoint (empty if it was never saved: every key starts at zero)."""
     path = os.path.join(root, RUNNING, shard_part(shard))

@@ -178,12 +178,30 @@ def test_full_disk_keeps_the_previous_checkpoint(small_disk, tmp_path):
     assert not [d for d in os.listdir(small_disk) if d.endswith(".tmp")]  # failed attempts cleaned up
     from litz.checkpoint import CheckpointStore
 
-    good = CheckpointStore(str(small_disk)).complete()
+    good = CheckpointStore(str(small_disk)).complete(any_run=True)
     assert [g.seq for g in good] == [2, 1]  # the first checkpoint survived the full disk intact
     for g in good:
         assert g.part("driver.pkl")["tasks_completed"] > 0  # every part checks out against the manifest
         for rel in g.manifest["files"]:
             g.part(rel)
+
+
+@pytest.mark.timeout(120)
+def test_a_new_run_never_recovers_from_an_earlier_runs_checkpoints(tmp_path):
+    """The same command run again without --resume, in the same --checkpoint-dir: a loss before this run's
+    first checkpoint has nothing of its own to go back to. The earlier run's checkpoints (same app, same
+    executors) would put it into that run's state, so they are not used; --resume still finds them."""
+    ckpt = stopped_job_with_checkpoints(tmp_path, "first-run")
+    earlier = sorted(os.listdir(ckpt))
+    name = "second-run"
+    with Processes() as procs:
+        job = procs.start(job_args(name, str(ckpt), "--checkpoint-every", "600", steps=RESUME_STEPS))
+        wait_for(lambda: (s := status(name)) and s["tasks_completed"] > 0, 30, "the second run")
+        assert ctl(name, "kill", "w1").returncode == 0
+        _, stderr = job.communicate(timeout=60)
+    assert job.returncode == 2, stderr
+    assert "no checkpoint to recover from" in stderr.strip().splitlines()[-1], stderr
+    assert sorted(os.listdir(ckpt)) == earlier  # left as they were, for --resume
 
 
 @pytest.mark.timeout(60)
