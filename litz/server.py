@@ -263,10 +263,11 @@ class Server(Process):
                 # its requests to a live server that forwards them back here, for ever
                 self.forward.pop(shard, None)
                 self.shards[shard] = table
-                self.running_ckpt.reset(shard, table)
+                if self.running_ckpt.seeding:  # priority checkpoints on: their saved copy is what was restored
+                    self.running_ckpt.reset(shard, table)
                 self.exported = {ref for ref in self.exported if ref[0] != shard}
-        except LitzError as exc:
-            self.send("master", (P.RESTORE_FAILED, str(exc)))
+        except Exception as exc:  # a damaged file (a running checkpoint's has no checksum): refuse, do not die
+            self.send("master", (P.RESTORE_FAILED, f"server {self.ident}: {exc}"))
             return
         self.send("master", (P.RESTORED,))
 

@@ -303,6 +303,26 @@ def test_a_server_refuses_partial_recovery_shortly_after_the_lost_server_forward
     assert sent[-1] == ("master", P.RESTORED)
 
 
+def test_a_damaged_running_checkpoint_file_makes_a_live_server_refuse_not_die(tmp_path):
+    """The running checkpoint's files carry no checksum: one that does not unpickle must turn into a refusal
+    (then a full recovery), not an exception that ends a live server, a second loss."""
+    from litz import protocol as P
+    from litz.outofcore import ShardTables
+    from litz.scar import RUNNING, RunningCheckpoint
+    from litz.server import Server
+
+    damaged = tmp_path / RUNNING / shard_part(3)
+    damaged.parent.mkdir(parents=True)
+    damaged.write_bytes(b"not a pickle")
+    server, sent = Server.__new__(Server), []
+    server.ident, server.shards, server.forward, server.last_forward = "s0", ShardTables("s0"), {}, {}
+    server.exported, server.running_ckpt = set(), RunningCheckpoint()
+    server.send = lambda to, msg, pickler=None: sent.append((to, msg))
+    server.restore_lost_shards("running", str(tmp_path), {3: None}, {"s1"}, ["s0"] * 4)
+    assert [(to, msg[0]) for to, msg in sent] == [("master", P.RESTORE_FAILED)]
+    assert "s0" in sent[0][1][1]
+
+
 def test_a_shard_restored_where_it_once_was_is_served_there_not_forwarded(tmp_path):
     """Shard 5 moved s0 -> s1 -> s2, and s2 is lost long after. Partial recovery gives it back to s0, which
     still had its old forward to s1, while s1 now forwards it to s0: a request went round between them for
