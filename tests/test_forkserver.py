@@ -88,26 +88,37 @@ def test_the_fork_server_reports_how_each_child_ended_and_takes_the_rest_with_it
                     "the fork server's last child to end with it")
 
 
+def running_mlr_job(procs: Processes, name: str, spawn: str, epochs: int = 500):
+    """`litz run apps.mlr` with LITZ_SPAWN=``spawn``, once it runs on its two workers."""
+    job = procs.start(["litz", "run", "apps.mlr", "--name", name, "--config", "synthetic=1", f"epochs={epochs}",
+                       "--no-progress"], env={**os.environ, "LITZ_SPAWN": spawn})
+    wait_for(lambda: (s := status(name)) and s["state"] == "running" and len(s["workers"]) == 2, 30,
+             "the job to run")
+    return job
+
+
+def all_ended(processes: list) -> bool:
+    """Every one of these psutil processes has exited (reparented ones may stay zombies)."""
+    import psutil
+
+    return all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in processes)
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("spawn", ["fork", "exec"])
 def test_ctrl_c_stops_every_process_and_says_so_once(spawn):
     """Ctrl-C reaches the whole process group: the launcher stops the job; its children do not also report."""
     import psutil
 
-    name = f"ctrl-c-{spawn}"
     with Processes() as procs:
-        job = procs.start(["litz", "run", "apps.mlr", "--name", name, "--config", "synthetic=1", "epochs=500",
-                           "--no-progress"], env={**os.environ, "LITZ_SPAWN": spawn})
-        wait_for(lambda: (s := status(name)) and s["state"] == "running" and len(s["workers"]) == 2, 30,
-                 "the job to run")
+        job = running_mlr_job(procs, f"ctrl-c-{spawn}", spawn)
         everyone = psutil.Process(job.pid).children(recursive=True)
         os.killpg(job.pid, signal.SIGINT)
         _, stderr = job.communicate(timeout=30)
     assert job.returncode == 130, stderr
     assert stderr.count("interrupted") == 1, stderr
     assert len(everyone) == (4 if spawn == "fork" else 3), "a fork server (fork), a server and two workers"
-    assert wait_for(lambda: all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in everyone), 10,
-                    "every process of the job to end")
+    assert wait_for(lambda: all_ended(everyone), 10, "every process of the job to end")
 
 
 
@@ -119,17 +130,12 @@ def test_a_killed_launcher_takes_its_workers_and_servers_with_it_at_once(spawn):
     before)."""
     import psutil
 
-    name = f"killed-launcher-{spawn}"
     with Processes() as procs:
-        job = procs.start(["litz", "run", "apps.mlr", "--name", name, "--config", "synthetic=1", "epochs=5000",
-                           "--no-progress"], env={**os.environ, "LITZ_SPAWN": spawn})
-        wait_for(lambda: (s := status(name)) and s["state"] == "running" and len(s["workers"]) == 2, 30,
-                 "the job to run")
+        job = running_mlr_job(procs, f"killed-launcher-{spawn}", spawn, epochs=5000)
         children = psutil.Process(job.pid).children(recursive=True)
         os.kill(job.pid, signal.SIGKILL)
         job.wait()
-        assert wait_for(lambda: all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in children),
-                        3.0, "every worker and server to end with the launcher")
+        assert wait_for(lambda: all_ended(children), 3.0, "every worker and server to end with the launcher")
 
 
 @pytest.mark.timeout(60)

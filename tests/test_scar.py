@@ -190,16 +190,23 @@ def test_running_checkpoint_starts_from_the_values_an_app_writes_first(tmp_path)
     assert len(rounds) >= 5 and all(e["values_saved"] <= round(0.02 * e["values"]) + 1 for e in rounds)
 
 
+def quiet_phase_with_rounds(procs: Processes, name: str, tmp_path):
+    """The phases app with priority rounds back to back (every 1 ms), half a second into its second quiet
+    phase: whatever the test does next most likely lands while a round is under way."""
+    job = procs.start(scar_job("phases", name, tmp_path, "--checkpoint-every", "0.01",
+                               "--priority-checkpoint", "0.1", "--config", "idle2=60"))
+    wait_for(lambda: phase(name) == "idle3", 30, "the second quiet phase")
+    time.sleep(0.5)
+    return job
+
+
 @pytest.mark.timeout(90)
 def test_priority_rounds_go_on_after_a_recovery(tmp_path):
     """Rounds back to back (every 1 ms), so the kill most likely lands while one waits for the lost server's
     answer: that round used to wait for ever, and no round followed for the rest of the job."""
     name, out = "scar-rounds", tmp_path / "out.json"
     with Processes() as procs:
-        job = procs.start(scar_job("phases", name, tmp_path, "--checkpoint-every", "0.01",
-                                   "--priority-checkpoint", "0.1", "--config", "idle2=60"))
-        wait_for(lambda: phase(name) == "idle3", 30, "the second quiet phase")
-        time.sleep(0.5)
+        job = quiet_phase_with_rounds(procs, name, tmp_path)
         assert ctl(name, "kill", "s1").returncode == 0
         stdout, stderr = job.communicate(timeout=60)
         assert job.returncode == 0, stderr
@@ -217,10 +224,7 @@ def test_priority_rounds_go_on_when_a_server_drains_during_one(tmp_path):
     to tell it what to save: the master must neither wait for it for ever nor send to a process gone."""
     name, out = "scar-drain-rounds", tmp_path / "out.json"
     with Processes() as procs:
-        job = procs.start(scar_job("phases", name, tmp_path, "--checkpoint-every", "0.01",
-                                   "--priority-checkpoint", "0.1", "--config", "idle2=60"))
-        wait_for(lambda: phase(name) == "idle3", 30, "the second quiet phase")
-        time.sleep(0.5)
+        job = quiet_phase_with_rounds(procs, name, tmp_path)
         assert ctl(name, "drain", "s1").returncode == 0
         wait_for(lambda: (s := status(name)) and [x["id"] for x in s["servers"]] == ["s0"], 30, "s1 gone")
         stdout, stderr = job.communicate(timeout=60)
