@@ -307,6 +307,23 @@ def test_a_server_refuses_partial_recovery_shortly_after_the_lost_server_forward
     assert sent[-1] == ("master", P.RESTORED)
 
 
+def test_a_process_that_retires_is_not_waited_for_by_a_restore_or_a_priority_round():
+    """A draining server that exits while a partial recovery's restore or a priority round waits for its
+    answer: the restore goes on without it, and the round starts afresh rather than waiting for ever."""
+    from litz.recovery import Recovery
+
+    rec = Recovery.__new__(Recovery)
+    rec.priority, rec.every, rec.in_progress = 0.1, 1.0, None
+    rec.restoring = {"waiting": {"s0", "s1"}, "error": None}
+    rec.priority_round = {"phase": "measure", "waiting": {"s0", "s1"}, "distances": {}}
+    rec.member_left("s1")
+    assert rec.restoring["waiting"] == {"s0"}
+    assert rec.priority_round is None and rec.next_priority > time.time()
+    rec.priority_round = {"phase": "save", "waiting": {"s0"}}
+    rec.member_left("w3")  # not part of the round: it goes on
+    assert rec.priority_round == {"phase": "save", "waiting": {"s0"}}
+
+
 def test_a_damaged_running_checkpoint_file_makes_a_live_server_refuse_not_die(tmp_path):
     """The running checkpoint's files carry no checksum: one that does not unpickle must turn into a refusal
     (then a full recovery), not an exception that ends a live server, a second loss."""
