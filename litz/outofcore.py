@@ -250,27 +250,25 @@ class Residency:
 
     def finished_loads(self) -> list[tuple[int, Any, int, float]]:
         """(eid, state, bytes, seconds) of loads that completed; raises LitzError for a corrupted spill file."""
-        done = []
-        for eid, fut in list(self.loading.items()):
-            if fut.done():
-                del self.loading[eid]
-                state, seconds = fut.result()
-                nbytes = self.load_bytes(eid)
-                rec = self.spilled.pop(eid)
-                _unlink(rec.path)
-                kept = self.inputs.get(eid, {})  # the objects now in the executor are the ones the files hold
-                for a, (rec, _) in kept.items():
-                    kept[a] = (rec, id(state[a]))
-                done.append((eid, state, nbytes, seconds))
-        return done
+        return [self._finish(eid) for eid, fut in list(self.loading.items()) if fut.done()]
+
+    def _finish(self, eid: int) -> tuple[int, Any, int, float]:
+        """Take ``eid``'s load (waiting for it): its spill file goes, its state comes back."""
+        state, seconds = self.loading.pop(eid).result()
+        nbytes = self.load_bytes(eid)
+        rec = self.spilled.pop(eid)
+        _unlink(rec.path)
+        kept = self.inputs.get(eid, {})  # the objects now in the executor are the ones the files hold
+        for a, (rec, _) in kept.items():
+            kept[a] = (rec, id(state[a]))
+        return eid, state, nbytes, seconds
 
     def load_now(self, eid: int) -> tuple[Any, int, float]:
+        """Load ``eid`` at once (a move or a checkpoint needs it). Only its own load is taken: the others that
+        finish meanwhile stay for the owner's :meth:`finished_loads`, which installs them."""
         self.start_load(eid)
-        self.loading[eid].result()
-        for got in self.finished_loads():
-            if got[0] == eid:
-                return got[1], got[2], got[3]
-        raise LitzError(f"executor {eid} did not load")
+        _, state, nbytes, seconds = self._finish(eid)
+        return state, nbytes, seconds
 
     def close(self) -> None:
         for pool in (self._readahead, self._pool):

@@ -2,6 +2,7 @@
 import json
 import os
 
+import numpy as np
 import pytest
 
 import litz
@@ -18,6 +19,37 @@ def check_states(result: dict) -> None:
         count, total = result["states"][str(e)]
         want_count, want_total = expected_state(e, ROUNDS)
         assert count == want_count and total == pytest.approx(want_total, rel=1e-12), e
+
+
+def test_loading_one_executor_at_once_keeps_the_other_finished_loads(tmp_path):
+    """A move or checkpoint loads executor 2 at once while executor 1's prefetch finished meanwhile: 1's
+    state must stay for the worker to install (it was dropped, and its queued tasks waited for ever)."""
+    import time
+
+    from litz.outofcore import Residency
+
+    class Ex:
+        input_attrs = ("X",)
+
+        def __init__(self, v):
+            self.X, self.w = np.arange(4.0) * v, v
+
+    res = Residency("w0", budget=1, spill_root=str(tmp_path))
+    try:
+        for eid in (1, 2):
+            ex = Ex(eid)
+            res.add(eid, ex)
+            res.evict(eid, ex)
+        res.start_load(1)
+        deadline = time.time() + 10
+        while not res.loading[1].done() and time.time() < deadline:
+            time.sleep(0.01)
+        state, _, _ = res.load_now(2)
+        assert state["w"] == 2 and 2 not in res.spilled
+        [(eid, state1, _, _)] = res.finished_loads()
+        assert eid == 1 and state1["w"] == 1 and list(state1["X"]) == [0.0, 1.0, 2.0, 3.0]
+    finally:
+        res.close()
 
 
 def test_parse_bytes_and_state_bytes():
