@@ -615,6 +615,7 @@ class Master(Process):
             self.maybe_end_operation()
             return
         self.moving_executors[eid] = dest  # the pair's channel stays busy until the executor has arrived
+        self.flush_outbox()  # tasks already dispatched to it must reach the source before the move order
         self.send(src, (P.MOVE_EXECUTOR, eid, dest, False, True))
 
     def on_executor_moved(self, dest: str, eid: int, nbytes: int) -> None:

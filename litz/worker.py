@@ -164,7 +164,9 @@ class Worker(Process):
             if live_ok:
                 self.cache.invalidate(msg[2])
             for tid, eid, version, args in msg[1]:
-                if eid in self.executors or eid in self.moving:
+                if eid in self.moving:  # it ships once its started tasks end: a task it has not begun goes with it
+                    self.moving[eid][3].append((tid, eid, version, args))
+                elif eid in self.executors:
                     self.runnable.append(Task(tid, eid, version, args, gen, live_ok))
                     self.pending[eid] += 1
                 elif eid in self.residency.spilled:

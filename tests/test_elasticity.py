@@ -125,3 +125,34 @@ def test_sigterm_makes_a_worker_and_a_server_leave_gracefully(tmp_path):
     check_result(json.loads(stdout))
     kinds = [e["kind"] for e in json.loads(out.read_text())["events"]]
     assert "scale_in" in kinds and "recovery" not in kinds
+
+
+def test_a_task_for_an_executor_waiting_to_move_travels_with_it(tmp_path):
+    """A task dispatched to an executor that a move order reached first (it waits for a started task to end)
+    must go with the executor's state. It was queued to run here, and once the executor had shipped it
+    failed with KeyError (or was lost with a worker that retired)."""
+    from collections import defaultdict, deque
+
+    from litz import protocol as P
+    from litz.api import Executor
+    from litz.cache import ParamCache
+    from litz.outofcore import Residency
+    from litz.worker import Worker
+
+    w = Worker.__new__(Worker)
+    w.ident, w.sent, w.executor_cls, w.config, w.num_executors = "w0", [], Executor, {}, 1
+    w.send = lambda peer, msg, pickler=None: w.sent.append((peer, msg))
+    w.executors, w.runnable, w.cache, w.lost_servers, w.gen = {}, deque(), ParamCache(), set(), 0
+    w.moving, w.copied, w.moved_to, w.started = {}, {}, {}, defaultdict(int)
+    w.pending, w.waiting_load = defaultdict(int), defaultdict(list)
+    w.residency = Residency("w0", spill_root=str(tmp_path))
+    w.install(0, {})
+    w.started[0] = 1  # a task of executor 0 is under way (waiting for a value)
+    w.handle("master", (P.MOVE_EXECUTOR, 0, "w1", False, True))
+    assert 0 in w.moving and not [m for m in w.sent if m[1][0] == P.EXECUTOR]
+    w.handle("master", (P.TASKS, [(7, 0, 3, "late")], []))
+    assert not w.runnable
+    w.started[0] = 0  # the started task ended
+    w.ship_ready_executors()
+    [(dest, msg)] = [m for m in w.sent if m[1][0] == P.EXECUTOR]
+    assert dest == "w1" and msg[3] == [(7, 0, 3, "late")]
