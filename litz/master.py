@@ -539,14 +539,10 @@ class Master(Process):
             # a recovery that joins newcomers (replacements) balances once it is done, a checkpoint when it is
             # written; what was asked for meanwhile keeps its kind (a drain is a scale-in) and its processes
             if self.started and (processes or kind == "scale_in"):
-                earlier = self.deferred_scale or (kind, [])
-                self.deferred_scale = ("scale_in" if "scale_in" in (kind, earlier[0]) else kind,
-                                       earlier[1] + [p for p in processes if p not in earlier[1]])
+                self.deferred_scale = self._with_deferred(kind, processes)
             return
-        if self.deferred_scale is not None:
-            earlier, self.deferred_scale = self.deferred_scale, None
-            kind = "scale_in" if "scale_in" in (kind, earlier[0]) else kind
-            processes = earlier[1] + [p for p in processes if p not in earlier[1]]
+        kind, processes = self._with_deferred(kind, processes)
+        self.deferred_scale = None
         self.flush_outbox()  # tasks already dispatched must reach a source before its move order
         for eid, dest in list(self.copied_ready.items()):
             self.on_input_copied(dest, eid)
@@ -570,6 +566,14 @@ class Master(Process):
             self.send(src, (P.MOVE_SHARD, shard, dest))
         self.check_retirements()
         self.maybe_end_operation()
+
+    def _with_deferred(self, kind: str, processes: list[str]) -> tuple[str, list[str]]:
+        """This request merged with the one deferred before it: a scale-in if either was one."""
+        if self.deferred_scale is None:
+            return kind, processes
+        earlier_kind, earlier = self.deferred_scale
+        return ("scale_in" if "scale_in" in (kind, earlier_kind) else kind,
+                earlier + [p for p in processes if p not in earlier])
 
     def start_copies(self) -> bool:
         """Send the input of waiting scale-out moves, one executor at a time per (source, dest) pair.

@@ -434,13 +434,8 @@ class Recovery:
     def member_left(self, ident: str) -> None:
         """A draining worker or server retired (exited cleanly): nothing waits for its answer any more. It
         retires only once it holds nothing, so a checkpoint lacks nothing without its part."""
-        if self.restoring is not None:
-            self.restoring["waiting"].discard(ident)
-        cp = self.in_progress
-        if cp is not None and ident in cp["waiting"]:
-            cp["waiting"].discard(ident)
-            if not cp["waiting"]:
-                self.finish_snapshot()
+        self.on_restored(ident, None)
+        self.on_part(ident, {}, None)  # finishes the snapshot if it was the last one waited for
         r = self.priority_round
         if r is not None and (ident in r["waiting"] or ident in r.get("distances", {})):
             self.restart_priority_rounds()  # its share of the round is gone with it: start the next one afresh

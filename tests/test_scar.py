@@ -269,6 +269,20 @@ def test_partial_recovery_during_a_checkpoint_pause_sends_the_held_tasks(tmp_pat
     assert len([e for e in events if e["kind"] == "checkpoint"]) == 1, events  # the second one was aborted
 
 
+def bare_server(ident: str, record):
+    """A Server with only what partial recovery and request handling touch; ``record(to, msg)`` gets what
+    it sends."""
+    from litz.outofcore import ShardTables
+    from litz.scar import RunningCheckpoint
+    from litz.server import Server
+
+    server = Server.__new__(Server)
+    server.ident, server.shards, server.forward, server.last_forward = ident, ShardTables(ident), {}, {}
+    server.exported, server.running_ckpt = set(), RunningCheckpoint()
+    server.send = lambda to, msg, pickler=None: record(to, msg)
+    return server
+
+
 def test_a_server_refuses_partial_recovery_after_forwarding_to_the_lost_server():
     """A request forwarded to the lost server just before may never have been answered, and the worker that
     asked this server cannot know where it went: not exact, so refused. Long enough ago, it was answered."""
@@ -291,14 +305,9 @@ def test_a_server_refuses_partial_recovery_shortly_after_the_lost_server_forward
     s1, sends it again to the shard's owner s0 and s0 would apply it twice; its answer to a get would come
     twice. Refused, as the forwards the other way are."""
     from litz import protocol as P
-    from litz.outofcore import ShardTables
-    from litz.scar import RunningCheckpoint
-    from litz.server import Server
 
-    server, sent = Server.__new__(Server), []
-    server.ident, server.shards, server.forward, server.last_forward = "s0", ShardTables("s0"), {}, {}
-    server.exported, server.running_ckpt = set(), RunningCheckpoint()
-    server.send = lambda to, msg, pickler=None: sent.append((to, msg[0]))
+    sent = []
+    server = bare_server("s0", lambda to, msg: sent.append((to, msg[0])))
     server.handle("s1", (P.FWD_UPDATES, "w0", 3, [(1, "k", np.ones(2))]))
     assert sent == [("w0", P.ACK)]
     server.restore_lost_shards("running", str(tmp_path), {}, {"s1"}, ["s0", "s0"])
@@ -328,17 +337,13 @@ def test_a_damaged_running_checkpoint_file_makes_a_live_server_refuse_not_die(tm
     """The running checkpoint's files carry no checksum: one that does not unpickle must turn into a refusal
     (then a full recovery), not an exception that ends a live server, a second loss."""
     from litz import protocol as P
-    from litz.outofcore import ShardTables
-    from litz.scar import RUNNING, RunningCheckpoint
-    from litz.server import Server
+    from litz.scar import RUNNING
 
     damaged = tmp_path / RUNNING / shard_part(3)
     damaged.parent.mkdir(parents=True)
     damaged.write_bytes(b"not a pickle")
-    server, sent = Server.__new__(Server), []
-    server.ident, server.shards, server.forward, server.last_forward = "s0", ShardTables("s0"), {}, {}
-    server.exported, server.running_ckpt = set(), RunningCheckpoint()
-    server.send = lambda to, msg, pickler=None: sent.append((to, msg))
+    sent = []
+    server = bare_server("s0", lambda to, msg: sent.append((to, msg)))
     server.restore_lost_shards("running", str(tmp_path), {3: None}, {"s1"}, ["s0"] * 4)
     assert [(to, msg[0]) for to, msg in sent] == [("master", P.RESTORE_FAILED)]
     assert "s0" in sent[0][1][1]
@@ -349,20 +354,10 @@ def test_a_shard_restored_where_it_once_was_is_served_there_not_forwarded(tmp_pa
     still had its old forward to s1, while s1 now forwards it to s0: a request went round between them for
     ever. s0 must answer it itself."""
     from litz import protocol as P
-    from litz.outofcore import ShardTables
-    from litz.scar import RunningCheckpoint
-    from litz.server import Server
 
     sent: list = []
-
-    def bare(ident: str) -> Server:
-        server = Server.__new__(Server)
-        server.ident, server.shards, server.forward, server.last_forward = ident, ShardTables(ident), {}, {}
-        server.exported, server.running_ckpt = set(), RunningCheckpoint()
-        server.send = lambda to, msg, pickler=None: sent.append((ident, to, msg))
-        return server
-
-    s0, s1 = bare("s0"), bare("s1")
+    s0 = bare_server("s0", lambda to, msg: sent.append(("s0", to, msg)))
+    s1 = bare_server("s1", lambda to, msg: sent.append(("s1", to, msg)))
     s0.move_shard(5, "s1")
     s1.receive_shard(5, {"k": np.ones(3)})
     s1.move_shard(5, "s2")
