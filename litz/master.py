@@ -287,7 +287,9 @@ class Master(Process):
 
     def join_worker(self, ident: str, executors: list[int]) -> None:
         member = self.workers[ident]
-        member.first_map = self.map_version
+        # with a shard move just done (map_dirty) the map it is sent already is the next version's: a server
+        # that owned shards only until this version never was in its map, and must not wait for its fence
+        member.first_map = self.map_version + 1 if self.map_dirty else self.map_version
         # a worker forked from this launcher has the class already (by token): no need to pickle or send it
         blob = None if self.app.token in member.info.get("app_tokens", ()) else self.app.executor_blob()
         self.send(ident, (P.APP, blob, self.app.token, self.config, self.num_executors))

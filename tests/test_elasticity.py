@@ -156,3 +156,33 @@ def test_a_task_for_an_executor_waiting_to_move_travels_with_it(tmp_path):
     w.ship_ready_executors()
     [(dest, msg)] = [m for m in w.sent if m[1][0] == P.EXECUTOR]
     assert dest == "w1" and msg[3] == [(7, 0, 3, "late")]
+
+
+def test_a_worker_joining_as_a_shard_move_ends_is_not_awaited_by_the_old_owner():
+    """A worker joining in the batch where a draining server's last shard moved is sent the map without
+    that server. The server must not wait for its fence: it never sends one, and the scale-in never ended."""
+    from types import SimpleNamespace
+
+    from litz import protocol as P
+    from litz.master import Master, Member
+
+    sent = []
+    m = SimpleNamespace(map_version=3, map_dirty=False, shard_owner=["s0", "s1"], last_owned={"s0": 3, "s1": 3},
+                        moving_shards={0: "s1"}, moving_executors={}, copying_input={}, operation=None,
+                        app=SimpleNamespace(token="t", executor_blob=lambda: b""), config={}, num_executors=2,
+                        memory_limit=None, send=lambda ident, msg: sent.append((ident, msg)),
+                        maybe_end_operation=lambda: None)
+    m.map_message = lambda: Master.map_message(m)
+    m.workers = {"w0": Member("w0", "worker", {})}
+    m.workers["w0"].first_map = 0
+    m.servers = {"s0": Member("s0", "server", {}), "s1": Member("s1", "server", {})}
+    m.servers["s0"].state = "draining"
+    Master.on_shard_moved(m, "s1", 0, 100)  # s0's last shard: the map is dirty until the batch ends
+    m.workers["w1"] = Member("w1", "worker", {})
+    Master.join_worker(m, "w1", [])
+    [shards] = [msg for ident, msg in sent if ident == "w1" and msg[0] == P.SHARDS]
+    assert "s0" not in shards[2]
+    Master.broadcast_map(m)
+    Master.check_retirements(m)
+    [(_, retire)] = [(i, msg) for i, msg in sent if i == "s0" and msg[0] == P.RETIRE]
+    assert retire[1] == ["w0"]  # w0 had s0 in its map and fences it; w1 never did
