@@ -15,7 +15,7 @@ import os
 import socket
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -115,6 +115,7 @@ class Master(Process):
         self.map_version = 0
         self.map_dirty = False
         self.last_owned: dict[str, int] = {}  # server -> last map version in which it held a shard
+        self.exit_fences: dict[str, list[str]] = {}  # retired server -> the servers it fenced as it exited
         self.moving_executors: dict[int, str] = {}
         # scale-out moves: first the input data (eid -> dest), while the executor keeps running at its source
         self.copying_input: dict[int, str] = {}
@@ -353,6 +354,7 @@ class Master(Process):
         self.paused_tasks.clear()
         self.outbox.clear()
         self.foreign_writes.clear()  # the workers start with empty caches
+        self.exit_fences.clear()  # and the servers with no forwards and no fences
         self.operation = None
         self.map_dirty = False
         self.in_flight = self.sent_in_flight = 0
@@ -388,7 +390,7 @@ class Master(Process):
         elif tag == P.SHARD_MOVED:
             self.on_shard_moved(sender, msg[1], msg[2])
         elif tag == P.RETIRED:
-            self.on_retired(sender)
+            self.on_retired(sender, msg[1] if len(msg) > 1 else ())
         elif tag == P.DRAIN_ME:
             member = self.workers.get(sender) or self.servers.get(sender)
             if member is not None and member.state == "active":
@@ -672,15 +674,23 @@ class Master(Process):
                 m.retire_sent = True
                 last = self.last_owned.get(m.ident, -1)
                 waiting = [w.ident for w in self.workers.values() if w.first_map is not None and w.first_map <= last]
+                # requests also reach it forwarded by servers (through an older move): each fences it
+                others = [s for s in self.servers if s != m.ident]
+                for s in others:
+                    self.send(s, (P.UNFORWARD, m.ident, self.shard_owner))
+                waiting += others + [s for s, fenced in self.exit_fences.items() if m.ident in fenced]
                 self.send(m.ident, (P.RETIRE, waiting))
 
-    def on_retired(self, ident: str) -> None:
-        if ident in self.workers:
-            del self.workers[ident]
-            for s in self.servers.values():  # it sent its last request long ago: fence on its behalf
-                if s.state == "draining":
-                    self.send(s.ident, (P.FENCE, self.map_version, ident))
+    def on_retired(self, ident: str, fenced: Iterable[str] = ()) -> None:
+        """``fenced``: the servers a retiring server fenced itself, behind what it forwarded to them."""
+        fenced = list(fenced)
+        if ident in self.servers and fenced:
+            self.exit_fences[ident] = fenced
+        self.workers.pop(ident, None)
         self.servers.pop(ident, None)
+        for s in self.servers.values():  # it sent its last request before it said so: fence on its behalf
+            if s.state == "draining" and s.ident not in fenced:
+                self.send(s.ident, (P.FENCE, self.map_version, ident))
         self.endpoint.disconnect(ident)
         self.recovery.member_left(ident)
         self.maybe_end_operation()

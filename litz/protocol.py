@@ -29,9 +29,10 @@ SHARD_DATA = "shard_data"        # source -> dest server: (SHARD_DATA, shard, ta
 SHARD_MOVED = "shard_moved"      # dest server -> master: (SHARD_MOVED, shard, bytes)
 FWD_GETS = "fwd_gets"            # server -> server: (FWD_GETS, origin_worker, [(request_id, shard, key), ...])
 FWD_UPDATES = "fwd_updates"      # server -> server: (FWD_UPDATES, origin_worker, flush_id, [(shard, key, delta)])
-FENCE = "fence"                  # worker -> server that lost all its shards: (FENCE, map_version)
-RETIRE = "retire"                # master -> worker/server: (RETIRE, [worker ids whose fences to await])
-RETIRED = "retired"              # worker/server -> master: (RETIRED,) just before it exits
+FENCE = "fence"                  # worker -> server that lost all its shards: (FENCE, map_version); server: -1
+RETIRE = "retire"                # master -> worker/server: (RETIRE, [worker and server ids whose fences to await])
+RETIRED = "retired"              # worker -> master: (RETIRED,) just before it exits; server: (RETIRED, [fenced])
+UNFORWARD = "unforward"          # master -> server: (UNFORWARD, retiring_server, shard_owners) redirect, then fence
 
 # checkpoints and recovery
 CHECKPOINT = "checkpoint"                # master -> worker/server: (CHECKPOINT, tmp_dir)

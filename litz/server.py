@@ -47,9 +47,10 @@ class Server(Process):
         self.shards = ShardTables(self.ident)  # shard -> key -> value, spilled to disk beyond a budget
         self.forward: dict[int, str] = {}  # shard -> the server it was sent to
         self.last_forward: dict[str, float] = {}  # server -> when a request was last forwarded to it, or from it
+        self.forwarded_to: set[str] = set()  # every server a request went to from here: fenced when this one exits
         self.exported: set = set()  # (shard, key) of arrays handed to ZeroMQ since their last update
         self.running = True
-        self.retire_waiting: set[str] | None = None  # workers whose fence we still need before exiting
+        self.retire_waiting: set[str] | None = None  # workers and servers whose fence we need before exiting
         self.fences: set[str] = set()
         self.running_ckpt = RunningCheckpoint()
 
@@ -101,6 +102,8 @@ class Server(Process):
         elif tag == P.FENCE:  # from a worker, or from the master for a worker that already retired
             self.fences.add(msg[2] if len(msg) > 2 else sender)
             self.maybe_retire()
+        elif tag == P.UNFORWARD:
+            self.unforward(msg[1], msg[2])
         elif tag == P.RETIRE:
             self.retire_waiting = set(msg[1])
             self.maybe_retire()
@@ -137,6 +140,7 @@ class Server(Process):
         for dest, fwd in away.items():
             self.send(dest, (P.FWD_GETS, origin, fwd))
             self.last_forward[dest] = time.monotonic()
+            self.forwarded_to.add(dest)
         if mine:
             values = [(rid, self.get(shard, key)) for rid, shard, key in mine]
             # answers and acks for forwarded requests say so: they are in no order with the answers and acks of
@@ -149,6 +153,7 @@ class Server(Process):
             fwd = [(shard, key, _own(delta)) for shard, key, delta in fwd]  # borrowed: sent after we return
             self.send(dest, (P.FWD_UPDATES, origin, fid, fwd))
             self.last_forward[dest] = time.monotonic()
+            self.forwarded_to.add(dest)
         if mine:
             errors = []
             for shard, key, delta in mine:
@@ -187,6 +192,22 @@ class Server(Process):
         self.exported = {ref for ref in self.exported if ref[0] != shard}
         self.forward[shard] = dest
         self.send(dest, (P.SHARD_DATA, shard, table))  # before anything forwarded for it: same channel
+
+    def redirect_forwards(self, gone: set[str], owners: list[str]) -> None:
+        """What would be forwarded to a server that is gone (or going) goes to its shard's owner instead."""
+        for shard, dest in list(self.forward.items()):
+            if dest in gone:
+                if owners[shard] == self.ident:
+                    del self.forward[shard]
+                else:
+                    self.forward[shard] = owners[shard]
+
+    def unforward(self, retiring: str, owners: list[str]) -> None:
+        """A server is about to retire: forward nothing more to it, and fence it. Every request forwarded there
+        is ahead of the fence on this channel, so it exits only after it has passed them on (workers fence
+        their own channels; a request can also reach it through an older move, from here)."""
+        self.redirect_forwards({retiring}, owners)
+        self.send(retiring, (P.FENCE, -1))
 
     def receive_shard(self, shard: int, table: dict) -> None:
         self.forward.pop(shard, None)
@@ -247,12 +268,9 @@ class Server(Process):
             self.send("master", (P.RESTORE_FAILED, f"server {self.ident} exchanged forwarded requests with "
                                                    f"{', '.join(recent)} {why}"))
             return
-        for shard, dest in list(self.forward.items()):
-            if dest in lost:
-                if owners[shard] == self.ident:
-                    del self.forward[shard]
-                else:
-                    self.forward[shard] = owners[shard]
+        self.redirect_forwards(lost, owners)
+        if self.retire_waiting is not None:  # a lost server sends no fence: what it forwarded here is lost anyway
+            self.retire_waiting -= lost
         try:
             for shard, meta in parts.items():
                 if source == "running":
@@ -270,9 +288,13 @@ class Server(Process):
             self.send("master", (P.RESTORE_FAILED, f"server {self.ident}: {exc}"))
             return
         self.send("master", (P.RESTORED,))
+        self.maybe_retire()
 
     def maybe_retire(self) -> None:
         """Exit once every worker promised (by a fence behind its last request) to send nothing more."""
         if self.retire_waiting is not None and self.retire_waiting <= self.fences and not self.shards:
-            self.send("master", (P.RETIRED,))
+            fenced = sorted(self.forwarded_to)
+            for dest in fenced:  # behind what was forwarded there: a retiring one may be waiting for this
+                self.send(dest, (P.FENCE, -1))
+            self.send("master", (P.RETIRED, fenced))
             self.running = False

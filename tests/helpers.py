@@ -97,3 +97,18 @@ def status(name: str, etcd: str | None = None) -> dict | None:
 def resize(mnt, size: str) -> None:
     """Change the size of a tmpfs from the ``small_disk`` fixture (conftest.py)."""
     subprocess.run(["mount", "-o", f"remount,size={size}", str(mnt)], check=True)
+
+
+def bare_server(ident: str, record):
+    """A Server with only what request handling, retirement and partial recovery touch; ``record(to, msg)``
+    gets what it sends."""
+    from litz.outofcore import ShardTables
+    from litz.scar import RunningCheckpoint
+    from litz.server import Server
+
+    server = Server.__new__(Server)
+    server.ident, server.shards, server.forward, server.last_forward = ident, ShardTables(ident), {}, {}
+    server.exported, server.running_ckpt, server.running = set(), RunningCheckpoint(), True
+    server.forwarded_to, server.retire_waiting, server.fences = set(), None, set()
+    server.send = lambda to, msg, pickler=None: record(to, msg)
+    return server

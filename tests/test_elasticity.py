@@ -7,9 +7,10 @@ import json
 import os
 import signal
 
+import numpy as np
 import pytest
 
-from tests.helpers import Processes, app_path, run_cli, status, wait_for
+from tests.helpers import Processes, app_path, bare_server, run_cli, status, wait_for
 
 CHAINS, STEPS = 24, 150
 LONG = 400  # a job that outlasts a test's whole script of litzctl calls, even on a loaded machine
@@ -171,7 +172,7 @@ def test_a_worker_joining_as_a_shard_move_ends_is_not_awaited_by_the_old_owner()
                         moving_shards={0: "s1"}, moving_executors={}, copying_input={}, operation=None,
                         app=SimpleNamespace(token="t", executor_blob=lambda: b""), config={}, num_executors=2,
                         memory_limit=None, send=lambda ident, msg: sent.append((ident, msg)),
-                        maybe_end_operation=lambda: None)
+                        maybe_end_operation=lambda: None, exit_fences={})
     m.map_message = lambda: Master.map_message(m)
     m.workers = {"w0": Member("w0", "worker", {})}
     m.workers["w0"].first_map = 0
@@ -185,4 +186,38 @@ def test_a_worker_joining_as_a_shard_move_ends_is_not_awaited_by_the_old_owner()
     Master.broadcast_map(m)
     Master.check_retirements(m)
     [(_, retire)] = [(i, msg) for i, msg in sent if i == "s0" and msg[0] == P.RETIRE]
-    assert retire[1] == ["w0"]  # w0 had s0 in its map and fences it; w1 never did
+    assert retire[1] == ["w0", "s1"]  # w0 had s0 in its map and fences it, s1 may forward to it; w1 neither
+
+
+def test_a_retiring_server_waits_for_what_other_servers_forward_to_it():
+    """Shard 0 moved s0 -> s1, then s1 drained it to s2. A worker with a map older than both asks s0, which
+    forwards to s1. The worker's own fence can reach s1 before that forward: s1 must not exit until s0 has
+    fenced it too, and s0 must send later requests for the shard to s2 directly."""
+    from litz import protocol as P
+
+    sent: list = []
+    servers = {i: bare_server(i, lambda to, msg, i=i: sent.append((i, to, msg))) for i in ("s0", "s1", "s2")}
+    s0, s1, s2 = servers.values()
+    s0.move_shard(0, "s1")
+    s1.receive_shard(0, {"k": np.ones(2)})
+    s1.move_shard(0, "s2")
+    s2.receive_shard(0, s1.shards.pop(0, {}) or {"k": np.ones(2)})
+    sent.clear()
+    s0.handle("w0", (P.GETS, [(1, 0, "k")]))  # on its way to s1
+    s1.handle("master", (P.RETIRE, ["w0", "s0", "s2"]))
+    s1.handle("w0", (P.FENCE, 5))
+    s2.handle("master", (P.UNFORWARD, "s1", ["s2"]))
+    s1.handle("s2", next(msg for frm, to, msg in sent if (frm, to) == ("s2", "s1")))
+    assert s1.running, "s0 has not fenced it: its forwarded request is still on the way"
+    s0.handle("master", (P.UNFORWARD, "s1", ["s2"]))
+    s0.handle("w0", (P.GETS, [(2, 0, "k")]))  # after the fence: straight to the owner
+    from_s0 = [msg for frm, to, msg in sent if (frm, to) == ("s0", "s1")]
+    assert [m[0] for m in from_s0] == [P.FWD_GETS, P.FENCE]
+    assert [(to, msg[0], msg[2]) for frm, to, msg in sent if frm == "s0" and to != "s1"] == [
+        ("s2", P.FWD_GETS, [(2, 0, "k")])]
+    for msg in from_s0:  # in order on the s0 -> s1 channel: the request first
+        s1.handle("s0", msg)
+    assert not s1.running
+    assert [(to, msg[0]) for frm, to, msg in sent if frm == "s1"][-3:] == [
+        ("s2", P.FWD_GETS), ("s2", P.FENCE), ("master", P.RETIRED)]  # it passed the request on, then left
+    assert sent[-1][2] == (P.RETIRED, ["s2"])

@@ -21,7 +21,7 @@ from litz.scar import (
     select_priority,
 )
 from tests.apps.phases import KEYS
-from tests.helpers import Processes, app_path, status, wait_for
+from tests.helpers import Processes, app_path, bare_server, status, wait_for
 from tests.test_elasticity import CHAINS, check_result, ctl
 
 
@@ -269,29 +269,15 @@ def test_partial_recovery_during_a_checkpoint_pause_sends_the_held_tasks(tmp_pat
     assert len([e for e in events if e["kind"] == "checkpoint"]) == 1, events  # the second one was aborted
 
 
-def bare_server(ident: str, record):
-    """A Server with only what partial recovery and request handling touch; ``record(to, msg)`` gets what
-    it sends."""
-    from litz.outofcore import ShardTables
-    from litz.scar import RunningCheckpoint
-    from litz.server import Server
-
-    server = Server.__new__(Server)
-    server.ident, server.shards, server.forward, server.last_forward = ident, ShardTables(ident), {}, {}
-    server.exported, server.running_ckpt = set(), RunningCheckpoint()
-    server.send = lambda to, msg, pickler=None: record(to, msg)
-    return server
-
-
 def test_a_server_refuses_partial_recovery_after_forwarding_to_the_lost_server():
     """A request forwarded to the lost server just before may never have been answered, and the worker that
     asked this server cannot know where it went: not exact, so refused. Long enough ago, it was answered."""
     from litz import protocol as P
-    from litz.server import FORWARD_SETTLE_S, Server
+    from litz.server import FORWARD_SETTLE_S
 
     def restore(forwarded_ago: float) -> list:
-        server, sent = Server.__new__(Server), []
-        server.ident, server.send, server.forward = "s0", lambda to, msg: sent.append((to, msg[0])), {}
+        sent = []
+        server = bare_server("s0", lambda to, msg: sent.append((to, msg[0])))
         server.last_forward = {"s1": time.monotonic() - forwarded_ago}
         server.restore_lost_shards("full", "/nonexistent", {}, {"s1"}, ["s0", "s0"])
         return sent
