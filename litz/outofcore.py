@@ -187,16 +187,19 @@ class Residency:
         t0 = time.perf_counter()
         state = executor.__getstate__()
         written = 0
-        names = [a for a in getattr(executor, "input_attrs", ()) if a in state] if isinstance(state, dict) else []
+        # from the object, not its state: an app's own __getstate__ may leave its input out, as for a checkpoint
+        held = getattr(executor, "__dict__", {})
+        inputs = {a: held[a] for a in getattr(executor, "input_attrs", ()) if a in held} \
+            if isinstance(state, dict) else {}
         kept = self.inputs.setdefault(eid, {})
-        for a in set(kept) - set(names):  # no longer held
+        for a in set(kept) - set(inputs):  # no longer held
             _unlink(kept.pop(a)[0].path)
-        for a in names:
-            if a not in kept or kept[a][1] != id(state[a]):
-                rec = _write(os.path.join(self._dir(), f"e{eid:05d}-{a}-input.pkl"), state[a], kept=True)
-                kept[a] = (rec, id(state[a]))
+        for a, value in inputs.items():
+            if a not in kept or kept[a][1] != id(value):
+                rec = _write(os.path.join(self._dir(), f"e{eid:05d}-{a}-input.pkl"), value, kept=True)
+                kept[a] = (rec, id(value))
                 written += rec.nbytes
-        if names:
+        if inputs:
             state = {k: v for k, v in state.items() if k not in kept}
         rec = _write(os.path.join(self._dir(), f"e{eid:05d}.pkl"), state)
         self.spilled[eid] = rec

@@ -319,6 +319,8 @@ class Worker(Process):
         ex = self._bind(eid)
         if hasattr(ex, "__setstate__"):
             ex.__setstate__(state)
+            if isinstance(state, dict):  # the input data travels beside the state: an app's own may not take it
+                ex.__dict__.update({a: state[a] for a in ex.input_attrs if a in state and a not in ex.__dict__})
         else:
             ex.__dict__.update(state)
         self.executors[eid] = ex
@@ -739,6 +741,9 @@ class Worker(Process):
 def executor_state(ex: Executor, with_input: bool) -> Any:
     """The executor's state to move or checkpoint; input data only when asked (scale-out sends it)."""
     state = ex.__getstate__()
-    if not with_input and isinstance(state, dict):
-        state = {k: v for k, v in state.items() if k not in ex.input_attrs}
+    if isinstance(state, dict):
+        if with_input:  # from the object: an app's own __getstate__ may leave its input out
+            state = {**{a: ex.__dict__[a] for a in ex.input_attrs if a in ex.__dict__}, **state}
+        else:
+            state = {k: v for k, v in state.items() if k not in ex.input_attrs}
     return state

@@ -52,6 +52,34 @@ def test_loading_one_executor_at_once_keeps_the_other_finished_loads(tmp_path):
         res.close()
 
 
+def test_input_data_survives_an_apps_own_getstate_that_leaves_it_out(tmp_path):
+    """An app may write ``__getstate__`` to keep its input out of checkpoints; evicting the executor or moving
+    it with its input must still bring the input back (it came back missing)."""
+    from litz.api import Executor
+    from litz.outofcore import Residency
+    from litz.worker import executor_state
+
+    class Ex(Executor):
+        input_attrs = ("X",)
+
+        def __getstate__(self):
+            return {"w": self.w}
+
+    ex = Ex()
+    ex.X, ex.w = np.arange(3.0), 7
+    assert executor_state(ex, with_input=False) == {"w": 7}
+    moved = executor_state(ex, with_input=True)
+    assert moved["w"] == 7 and moved["X"] is ex.X
+    res = Residency("w0", budget=1, spill_root=str(tmp_path))
+    try:
+        res.add(0, ex)
+        res.evict(0, ex)
+        state, _, _ = res.load_now(0)
+        assert state["w"] == 7 and list(state["X"]) == [0.0, 1.0, 2.0]
+    finally:
+        res.close()
+
+
 def test_parse_bytes_and_state_bytes():
     assert parse_bytes("512M") == 512 << 20 and parse_bytes("2G") == 2 << 30 and parse_bytes("1000") == 1000
     assert parse_bytes("1.5k") == 1536 and parse_bytes(7) == 7
