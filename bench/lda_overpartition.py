@@ -1,23 +1,19 @@
 """Over-partitioning overhead for LDA (paper Fig. 4.2): epoch time with 1, 2, 4, 8 and 16 executors per worker.
 
-Every run trains ``apps.lda`` on the same synthetic corpus (80 000 documents, about 14.4M tokens, vocabulary
+Every run trains ``apps.lda`` on the same synthetic corpus (320 000 documents, about 57.6M tokens, vocabulary
 5 000, K = 50; quick: 4 000 documents, vocabulary 2 000, K = 20) with 2 workers and 1 server; only
 ``executors`` changes (2, 4, 8, 16, 32), and the vocabulary blocks follow it (the app's default ``blocks =
-executors``), so every executor still visits every block once per epoch.
+executors``), so every executor still visits every block once per epoch: an epoch is E rounds of E tasks.
 
-**Corpus size.** Each block passes through all E executors once an epoch, one after the other (that is
-the rotation: exclusive blocks, every update seen by the next holder), so a round takes at least one task
-plus one handoff (acknowledged update, completion, dispatch, cache-missing fetch: about 2-3 ms here
-without queueing), and every task costs the runtime about 0.22 ms of CPU on this 2-core machine (worker,
-server, master and their ZeroMQ threads; bench/README.md has the traces and profiles). The issue's
-3.6M-token corpus (``lda_vs_tomotopy``'s) samples in about 0.13 s an epoch on 2 workers, so at 16/worker
-(0.25 ms of sampling a task) it measures mostly that per-task cost, not the over-partitioning overhead
-the paper's Fig. 4.2 is about (10B tokens on 12 machines: seconds of sampling per round). The main row
-therefore uses a 4x larger corpus, the same for every executor count; the 3.6M-token corpus is still
-measured at 1 and 16 per worker (``--small-repeats``) as the row ``lda_overpartition (3.6M tokens)``, so
-the per-task-cost-bound number stays in the table, and so is a 4x larger one (57.6M tokens, 28.8M a worker:
-closer to the data per core of the paper's run, 10B tokens on 12 machines of 16 cores; ``--large-repeats``) as the row
-``lda_overpartition (57.6M tokens)``: the three corpora show how the overhead falls as tasks grow.
+**Corpus size: the paper's data per worker.** The paper's Fig. 4.2 ran LDA on 10B tokens on 12 machines of 16
+cores: 26-52M tokens per worker thread (one per hardware thread or per core). The main corpus gives each of the
+2 workers 28.8M tokens, at the low end of that range. Every task costs the runtime about 0.12 ms of CPU on this
+2-core machine, whatever its size (worker, server, master and their ZeroMQ threads share the two cores;
+bench/README.md has the traces and profiles), and 16 executors per worker make 1 024 tasks an epoch instead of
+4, so the ratio depends on how much sampling a task holds. Two smaller corpora show that dependence, measured
+at 1 and 16 per worker: 14.4M tokens (``--mid-repeats``; 4x less data per worker than the paper's low end,
+about 14k tokens a task at 16/worker) and the issue's 3.6M tokens (``--small-repeats``, ``lda_vs_tomotopy``'s
+corpus, 3.5k tokens a task), each as its own row in the table.
 The epoch time is the driver's per-epoch sampling time
 (``history[i].seconds``: from the end of one epoch to the end of the next, the log-likelihood included)
 averaged over epochs 3..N (the first epochs, with random topics, cost differently from the rest), the
@@ -41,10 +37,10 @@ import litz
 
 PER_WORKER = (1, 2, 4, 8, 16)
 WORKERS = 2
-FULL = {"synthetic": 1, "docs": 80_000, "vocab": 5_000, "topics": 50, "doc_length": 180, "alpha": 0.1,
+FULL = {"synthetic": 1, "docs": 320_000, "vocab": 5_000, "topics": 50, "doc_length": 180, "alpha": 0.1,
         "beta": 0.01, "seed": 0}
+MID = {**FULL, "docs": 80_000}  # 14.4M tokens: about 14k tokens a task at 16/worker
 SMALL = {**FULL, "docs": 20_000}  # the issue's corpus (lda_vs_tomotopy)
-LARGE = {**FULL, "docs": 320_000}  # 57.6M tokens: about 56k tokens a task at 16/worker
 QUICK = {"synthetic": 1, "docs": 4_000, "vocab": 2_000, "topics": 20, "doc_length": 100, "alpha": 0.1,
          "beta": 0.01, "seed": 0}
 
@@ -73,11 +69,11 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="short smoke run (results/lda_overpartition.quick.json)")
     ap.add_argument("--repeats", type=int, help="rounds over all counts (default 3, quick 1)")
     ap.add_argument("--epochs", type=int, help="epochs per run (default 12, quick 5)")
-    ap.add_argument("--docs", type=int, help="documents in the main corpus (default 80 000)")
+    ap.add_argument("--docs", type=int, help="documents in the main corpus (default 320 000)")
     ap.add_argument("--small-repeats", type=int, default=None,
                     help="rounds of the 3.6M-token corpus at 1 and 16 per worker (default: --repeats; 0 skips)")
-    ap.add_argument("--large-repeats", type=int, default=None,
-                    help="rounds of the 57.6M-token corpus at 1 and 16 per worker (default: --repeats; 0 skips)")
+    ap.add_argument("--mid-repeats", type=int, default=None,
+                    help="rounds of the 14.4M-token corpus at 1 and 16 per worker (default: --repeats; 0 skips)")
     args = ap.parse_args()
     repeats = args.repeats or (1 if args.quick else 3)
     epochs = args.epochs or (5 if args.quick else 12)
@@ -85,8 +81,8 @@ def main() -> int:
     if args.docs:
         config["docs"] = args.docs
     extra_corpora = {  # name -> (config, rounds): measured at 1 and 16 per worker only
-        "small_corpus": ({**SMALL, "epochs": epochs}, args.small_repeats),
-        "large_corpus": ({**LARGE, "epochs": epochs}, args.large_repeats)}
+        "mid_corpus": ({**MID, "epochs": epochs}, args.mid_repeats),
+        "small_corpus": ({**SMALL, "epochs": epochs}, args.small_repeats)}
     extra_corpora = {name: (cfg, 0 if args.quick else (repeats if n is None else n))
                      for name, (cfg, n) in extra_corpora.items()}
 
