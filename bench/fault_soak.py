@@ -1,7 +1,7 @@
 """Fault soak (issue 4): one long MLR run with 20 random kills of workers and servers.
 
 Two ``litz run apps.mlr`` jobs with the same config (synthetic 100 000 x 500, 100 classes, 160 epochs,
-8 executors, 2 workers, 2 servers, a checkpoint every second; quick: 50 000 rows, 20 epochs, 3 kills):
+8 executors, 2 workers, 2 servers, a checkpoint every second; quick: 50 000 rows, 60 epochs, 3 kills):
 
  1. **fault-free**: no kills; its final test accuracy and training time are the reference;
  2. **soak**: ``--kills`` times (default 20), after a random gap, the script picks a random live worker or
@@ -79,15 +79,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short smoke run (results/fault_soak.quick.json)")
     ap.add_argument("--kills", type=int, help="random kills (default 20, quick 3)")
-    ap.add_argument("--epochs", type=int, help="epochs (default 160, quick 20)")
+    ap.add_argument("--epochs", type=int, help="epochs (default 160, quick 60)")
     ap.add_argument("--seed", type=int, default=4, help="seed of the kill times and victims")
     ap.add_argument("--blas-threads", default="1", help="BLAS threads per process ('default': the library's)")
     args = ap.parse_args()
     kills = args.kills if args.kills is not None else (3 if args.quick else 20)
     # 160 epochs: about 40 s on a quiet 2-core machine. Each kill takes about 2 s of the script's time (the
     # gap, then status polls until the job runs again), so 20 kills need a job of 40 s or more; with 40
-    # epochs (10 s here since the shared-memory transport) the job ended after 14 kills.
-    epochs = args.epochs or (20 if args.quick else 160)
+    # epochs (10 s here since the shared-memory transport) the job ended after 14 kills. Quick: 20 epochs (3 s)
+    # ended before its second kill was confirmed (2026-11-26), so 60.
+    epochs = args.epochs or (60 if args.quick else 160)
     config = {"synthetic": 1, "n": 50_000 if args.quick else 100_000, "n_test": 20_000, "d": 500, "classes": 100,
               "epochs": epochs, "staleness": 2, "seed": 0}
     rng = random.Random(args.seed)
