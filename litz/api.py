@@ -93,3 +93,10 @@ class Executor:
         state = dict(self.__dict__)
         state.pop("_litz", None)
         return state
+
+
+def held_input(executor: Any) -> dict[str, Any]:
+    """The input data ``executor`` holds now, by attribute: from the object itself, since an app's own
+    ``__getstate__`` may leave its input out (as for a checkpoint)."""
+    held = getattr(executor, "__dict__", {})
+    return {a: held[a] for a in getattr(executor, "input_attrs", ()) if a in held}

@@ -32,6 +32,7 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
+from .api import held_input
 from .errors import LitzError
 
 
@@ -187,10 +188,7 @@ class Residency:
         t0 = time.perf_counter()
         state = executor.__getstate__()
         written = 0
-        # from the object, not its state: an app's own __getstate__ may leave its input out, as for a checkpoint
-        held = getattr(executor, "__dict__", {})
-        inputs = {a: held[a] for a in getattr(executor, "input_attrs", ()) if a in held} \
-            if isinstance(state, dict) else {}
+        inputs = held_input(executor) if isinstance(state, dict) else {}
         kept = self.inputs.setdefault(eid, {})
         for a in set(kept) - set(inputs):  # no longer held
             _unlink(kept.pop(a)[0].path)

@@ -139,8 +139,7 @@ class Server(Process):
         mine, away = self._split(items, 1) if self.forward else (items, {})
         for dest, fwd in away.items():
             self.send(dest, (P.FWD_GETS, origin, fwd))
-            self.last_forward[dest] = time.monotonic()
-            self.forwarded_to.add(dest)
+            self._forwarded(dest)
         if mine:
             values = [(rid, self.get(shard, key)) for rid, shard, key in mine]
             # answers and acks for forwarded requests say so: they are in no order with the answers and acks of
@@ -152,8 +151,7 @@ class Server(Process):
         for dest, fwd in away.items():
             fwd = [(shard, key, _own(delta)) for shard, key, delta in fwd]  # borrowed: sent after we return
             self.send(dest, (P.FWD_UPDATES, origin, fid, fwd))
-            self.last_forward[dest] = time.monotonic()
-            self.forwarded_to.add(dest)
+            self._forwarded(dest)
         if mine:
             errors = []
             for shard, key, delta in mine:
@@ -192,6 +190,11 @@ class Server(Process):
         self.exported = {ref for ref in self.exported if ref[0] != shard}
         self.forward[shard] = dest
         self.send(dest, (P.SHARD_DATA, shard, table))  # before anything forwarded for it: same channel
+
+    def _forwarded(self, dest: str) -> None:
+        """A request was just forwarded to ``dest``: partial recovery and retirement look back at this."""
+        self.last_forward[dest] = time.monotonic()
+        self.forwarded_to.add(dest)
 
     def redirect_forwards(self, gone: set[str], owners: list[str]) -> None:
         """What would be forwarded to a server that is gone (or going) goes to its shard's owner instead."""

@@ -20,7 +20,7 @@ import zmq
 
 from . import protocol as P
 from . import wire
-from .api import Executor
+from .api import Executor, held_input
 from .appload import load_executor_class, loaded_tokens
 from .cache import MISS, ParamCache, UpdateLog
 from .checkpoint import executor_part, read_part, sync_filesystem, write_part
@@ -432,7 +432,7 @@ class Worker(Process):
         if ex is None:
             self.fail(f"worker {self.ident}", f"asked to copy the input of executor {eid}, which is not here")
             return
-        data = {a: ex.__dict__[a] for a in ex.input_attrs if a in ex.__dict__}
+        data = held_input(ex)
         self.copied[eid] = data
         self.send(dest, (P.INPUT, eid, data), pickler=cloudpickle)
 
@@ -533,8 +533,7 @@ class Worker(Process):
         self.residency = Residency(self.ident, budget)
 
     def restore(self, root: str, parts: dict[int, dict], shard_map: tuple) -> None:
-        kept_input = {eid: {a: ex.__dict__[a] for a in ex.input_attrs if a in ex.__dict__}
-                      for eid, ex in self.executors.items() if eid in parts}
+        kept_input = {eid: held_input(ex) for eid, ex in self.executors.items() if eid in parts}
         self.reset()
         self.map_version = -1
         self.shardmap = None
@@ -742,8 +741,8 @@ def executor_state(ex: Executor, with_input: bool) -> Any:
     """The executor's state to move or checkpoint; input data only when asked (scale-out sends it)."""
     state = ex.__getstate__()
     if isinstance(state, dict):
-        if with_input:  # from the object: an app's own __getstate__ may leave its input out
-            state = {**{a: ex.__dict__[a] for a in ex.input_attrs if a in ex.__dict__}, **state}
+        if with_input:
+            state = {**held_input(ex), **state}
         else:
             state = {k: v for k, v in state.items() if k not in ex.input_attrs}
     return state
