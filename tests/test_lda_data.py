@@ -149,40 +149,101 @@ def test_sampler_keeps_counts_consistent() -> None:
     wt = kernels.word_topic_counts(L.word, z, 0, L.tokens, V, K)
     nk = wt.sum(axis=0).astype(np.int64)
     for seed in range(1, 4):
-        kernels.sample_block(L.word, z, L.run_doc, L.run_ptr, 0, len(L.run_doc), ndk, wt, nk, 0.1, 0.01, 0.01 * V,
-                             np.uint64(seed))
+        kernels.sample_block(L.word, z, L.run_doc, L.run_ptr, 0, len(L.run_doc), ndk, wt, nk, L.doc_len, 0.1, 0.01,
+                             0.01 * V, np.uint64(seed))
         np.testing.assert_array_equal(ndk, kernels.doc_topic_counts(z, L.run_doc, L.run_ptr, D, K))
         np.testing.assert_array_equal(wt, kernels.word_topic_counts(L.word, z, 0, L.tokens, V, K))
         np.testing.assert_array_equal(nk, wt.sum(axis=0))
     assert z.min() >= 0 and z.max() < K
 
 
-@pytest.mark.parametrize("word_topics", [[2, 1, 0, 0, 5, 0], [2, 1, 3, 0, 5, 1]], ids=["sparse", "dense"])
-def test_sampler_draws_from_the_exact_conditional(word_topics) -> None:
-    """One token resampled from the same state 20 000 times: the topic frequencies match the collapsed
-    Gibbs conditional (n_dk + a)(n_wk + b)/(n_k + Vb) with the token removed (chi-square, fixed seeds).
-    Covers all three buckets (alpha and beta large enough to matter) and both word-bucket paths."""
-    K, V, alpha, beta = 6, 5, 0.5, 0.3
-    t = 0
-    ndk0 = np.array([[4, 0, 1, 0, 2, 0]], np.int32)  # includes the token (topic 0)
-    wt0 = np.zeros((V, K), np.int32)
-    wt0[1] = word_topics
-    nk0 = np.array([20, 15, 9, 30, 12, 7], np.int64)
-    removed = np.eye(K, dtype=np.int64)[t]
-    p = (ndk0[0] - removed + alpha) * (wt0[1] - removed + beta) / (nk0 - removed + V * beta)
-    p /= p.sum()
-    word, run_doc, run_ptr = np.array([1], np.int32), np.array([0], np.int32), np.array([0, 1], np.int64)
+def _gibbs_joint(words, topics, ndk0, wt0, nk0, alpha, beta, V) -> np.ndarray:
+    """The exact distribution of the new topics of one document's run of tokens, resampled in order by
+    collapsed Gibbs: P(k1, k2, ...) = p1(k1) p2(k2 | k1) ..., each p_i ∝ (n_dk + a)(n_wk + b)/(n_k + Vb)
+    with token i removed."""
+    K = len(nk0)
+    joint = {(): (1.0, ndk0.astype(float), wt0.astype(float), nk0.astype(float))}
+    for w, t in zip(words, topics, strict=True):
+        nxt = {}
+        for path, (pr, nd, wt, nk) in joint.items():
+            nd, wt, nk = nd.copy(), wt.copy(), nk.copy()
+            nd[t] -= 1
+            wt[w, t] -= 1
+            nk[t] -= 1
+            p = (nd + alpha) * (wt[w] + beta) / (nk + V * beta)
+            p /= p.sum()
+            for k in range(K):
+                nd2, wt2, nk2 = nd.copy(), wt.copy(), nk.copy()
+                nd2[k] += 1
+                wt2[w, k] += 1
+                nk2[k] += 1
+                nxt[path + (k,)] = (pr * p[k], nd2, wt2, nk2)
+        joint = nxt
+    out = np.zeros((K,) * len(words))
+    for path, (pr, *_) in joint.items():
+        out[path] = pr
+    return out
+
+
+# Cases of one document: its counts include the run's tokens (words 1 and 2, topics 0 and 4).
+_WT = np.array([[0, 0, 0, 0, 0, 0], [2, 1, 0, 0, 5, 0], [1, 0, 2, 0, 3, 0], [0] * 6, [0] * 6], np.int32)
+_WT_DENSE = np.array([[0] * 6, [2, 1, 3, 0, 5, 1], [1, 2, 2, 1, 3, 1], [0] * 6, [0] * 6], np.int32)
+_WT_ONE_WORD = _WT + np.array([[0] * 6, [0, 0, 0, 0, 1, 0], [0, 0, 0, 0, -1, 0], [0] * 6, [0] * 6], np.int32)
+_ND = np.array([4, 0, 1, 0, 3, 0], np.int32)
+_NK = np.array([20, 15, 9, 30, 12, 7], np.int64)
+# (words, their topics, the document's topic counts, word-topic counts, topic totals, beta, the bound on the
+# first draw's document bucket: "loose" rejects some draws, "tight" fails if it were 20% smaller)
+_CASES = {
+    "one token, sparse word": ([1], [0], _ND, _WT, _NK, 0.3, "loose"),
+    "one token, dense word": ([1], [0], _ND, _WT_DENSE, _NK, 0.3, "loose"),
+    # the document's other tokens all in the smallest topic
+    "one token, tight bound": ([1], [0], np.array([1, 0, 0, 0, 0, 6], np.int32), _WT, _NK, 0.3, "tight"),
+    # a topic with no tokens and V beta < 1: no bound, the document bucket is summed at once
+    "one token, no bound": ([1], [0], _ND, _WT, np.array([20, 15, 9, 0, 12, 7], np.int64), 0.1, "none"),
+    # the second token sees the first one's move, with the document bucket known or still bounded
+    "two tokens": ([1, 2], [0, 4], _ND, _WT, _NK, 0.3, "loose"),
+    "two tokens, one word": ([1, 1], [0, 4], _ND, _WT_ONE_WORD, _NK, 0.3, "loose"),
+}
+
+
+@pytest.mark.parametrize("case", list(_CASES))
+def test_sampler_draws_from_the_exact_conditional(case) -> None:
+    """A run resampled from the same state 20 000 times: the frequencies of its new topics match the exact
+    collapsed Gibbs distribution (chi-square, fixed seeds, p < 1e-5 to fail by chance). Covers all three
+    buckets (alpha and beta large enough to matter), both word-bucket paths, and the document bucket's
+    bound: draws that stand in it, draws rejected and drawn again, and no bound at all."""
+    from scipy.stats import chi2 as chi2_dist
+
+    words, topics, nd, wt0, nk0, beta, bound_kind = _CASES[case]
+    K, V, alpha = 6, 5, 0.5
+    ndk0 = nd[None, :].copy()
+    doc_len = np.array([int(ndk0.sum())], np.int32)
+    # the first draw's document bucket and the sampler's bound on it: the case covers what it says
+    removed = np.eye(K, dtype=np.int64)[topics[0]]
+    r = beta * float(((ndk0[0] - removed) / (nk0 - removed + V * beta)).sum())
+    floor = nk0.min() + V * beta - 1
+    bound = beta * (doc_len[0] - 1) / floor
+    assert {"loose": floor > 0 and bound - r > 0.05, "tight": floor > 0 and r < bound < 1.2 * r,
+            "none": floor <= 0}[bound_kind], (bound, r)
+    p = _gibbs_joint(words, topics, ndk0[0], wt0, nk0, alpha, beta, V).ravel()
+    word, run_doc = np.array(words, np.int32), np.array([0], np.int32)
+    run_ptr = np.array([0, len(words)], np.int64)
     draws = 20_000
-    counts = np.zeros(K, np.int64)
+    counts = np.zeros(len(p), np.int64)
     for seed in range(1, draws + 1):
-        z, ndk, wt, nk = np.array([t], np.int16), ndk0.copy(), wt0.copy(), nk0.copy()
-        kernels.sample_block(word, z, run_doc, run_ptr, 0, 1, ndk, wt, nk, alpha, beta, V * beta,
+        z, ndk, wt, nk = np.array(topics, np.int16), ndk0.copy(), wt0.copy(), nk0.copy()
+        kernels.sample_block(word, z, run_doc, run_ptr, 0, 1, ndk, wt, nk, doc_len, alpha, beta, V * beta,
                              np.uint64(kernels.task_seed(7, 0, seed)))
-        counts[z[0]] += 1
-        assert ndk[0, z[0]] == ndk0[0, z[0]] + (z[0] != t) and wt[1, z[0]] == wt0[1, z[0]] + (z[0] != t)
+        counts[np.ravel_multi_index(tuple(int(k) for k in z), (K,) * len(words))] += 1
+        np.testing.assert_array_equal(ndk[0], nd + np.bincount(z, minlength=K) - np.bincount(topics, minlength=K))
     expected = p * draws
-    chi2 = float(((counts - expected) ** 2 / expected).sum())
-    assert chi2 < 30.0, (counts.tolist(), expected.round(1).tolist())  # 5 degrees of freedom: p < 1e-5
+    rare = expected < 5  # cells too rare for chi-square are pooled into one
+    obs = np.append(counts[~rare], counts[rare].sum())
+    exp = np.append(expected[~rare], expected[rare].sum())
+    keep = exp > 0
+    chi2 = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
+    limit = float(chi2_dist.ppf(1 - 1e-5, int(keep.sum()) - 1))
+    assert chi2 < limit, (chi2, limit, counts.tolist(), expected.round(1).tolist())
 
 
 def test_log_likelihood_matches_direct_formula() -> None:

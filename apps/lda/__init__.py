@@ -163,8 +163,8 @@ class LDAExecutor(litz.Executor):
         t0 = time.perf_counter()
         # compile the kernels now, with the real argument types, so sampling time is sampling time
         wt0 = np.zeros((1, self.K), np.int32)
-        _sampler()(L.word, self.z, L.run_doc, L.run_ptr, 0, 0, ndk, wt0, np.zeros(self.K, np.int64),
-                             s.alpha, s.beta, s.beta * self.num_words, np.uint64(1))
+        _sampler()(L.word, self.z, L.run_doc, L.run_ptr, 0, 0, ndk, wt0, np.zeros(self.K, np.int64), L.doc_len,
+                   s.alpha, s.beta, s.beta * self.num_words, np.uint64(1))
         return {"kind": "init", "executor": self.executor_id, "tokens": L.tokens, "docs": len(L.doc_len),
                 "doc_lo": self.doc_lo, "blocks": self.blocks.num_blocks, "num_docs": self.num_docs,
                 "num_words": self.num_words, "total_tokens": self.total_tokens,
@@ -185,8 +185,8 @@ class LDAExecutor(litz.Executor):
         ndk = self._doc_topics()
         r0, r1 = self._runs(block)
         seed = np.uint64(kernels.task_seed(s.sampler_seed, self.executor_id, rnd))
-        changed = _sampler()(L.word, self.z, L.run_doc, L.run_ptr, r0, r1, ndk, wt, nk, s.alpha, s.beta,
-                                       s.beta * self.num_words, seed)
+        changed = _sampler()(L.word, self.z, L.run_doc, L.run_ptr, r0, r1, ndk, wt, nk, L.doc_len, s.alpha, s.beta,
+                             s.beta * self.num_words, seed)
         delta = kernels.compact_delta(wt if wt_ps is None else wt - wt_ps)
         self.ps_update_many([(("wt", block), delta), (("totals",), nk - nk_before), (("hold", block), 1)])
         self.next_round = rnd + 1
