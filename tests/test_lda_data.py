@@ -236,6 +236,10 @@ def test_sampler_draws_from_the_exact_conditional(case) -> None:
                              np.uint64(kernels.task_seed(7, 0, seed)))
         counts[np.ravel_multi_index(tuple(int(k) for k in z), (K,) * len(words))] += 1
         np.testing.assert_array_equal(ndk[0], nd + np.bincount(z, minlength=K) - np.bincount(topics, minlength=K))
+        moved = np.zeros((V, K), np.int32)
+        np.add.at(moved, (word, z), 1)
+        np.add.at(moved, (word, np.array(topics)), -1)
+        np.testing.assert_array_equal(wt, wt0 + moved)
     expected = p * draws
     rare = expected < 5  # cells too rare for chi-square are pooled into one
     obs = np.append(counts[~rare], counts[rare].sum())

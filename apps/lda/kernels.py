@@ -70,6 +70,15 @@ def task_seed(seed: int, executor: int, rnd: int) -> int:
     return x or 1
 
 
+@numba.njit(nogil=True, cache=True, fastmath=True, inline="always")
+def _doc_bucket(ndk, d, inv, beta):  # pragma: no cover
+    """Document ``d``'s bucket mass, β Σ_k n_dk / (n_k + Vβ), summed exactly."""
+    r = 0.0
+    for k in range(inv.shape[0]):
+        r += ndk[d, k] * inv[k]
+    return r * beta
+
+
 @numba.njit(nogil=True, cache=True, fastmath=True)
 def sample_block(word, z, run_doc, run_ptr, r0, r1, ndk, wt, nk, doc_len, alpha, beta, vbeta, seed):  # pragma: no cover
     """Resample every token of runs ``r0..r1-1`` in place (``z``, ``ndk``, ``wt``, ``nk``).
@@ -148,9 +157,7 @@ def sample_block(word, z, run_doc, run_ptr, r0, r1, ndk, wt, nk, doc_len, alpha,
                     qbuf[j] = v
                     q += v
             if not known and floor <= 0.0:  # no bound (tiny or negative totals): the exact sum at once
-                for k in range(K):
-                    r += ndk[d, k] * inv[k]
-                r *= beta
+                r = _doc_bucket(ndk, d, inv, beta)
                 known = True
             new = -1
             while new < 0:  # once, or twice after a rejection
@@ -196,9 +203,7 @@ def sample_block(word, z, run_doc, run_ptr, r0, r1, ndk, wt, nk, doc_len, alpha,
                         new = K - 1
                     continue
                 if not known:  # in the bound's range: below the exact r the draw stands (uniform there)
-                    for k in range(K):
-                        r += ndk[d, k] * inv[k]
-                    r *= beta
+                    r = _doc_bucket(ndk, d, inv, beta)
                     known = True
                     if u >= r:  # above it: rejected, drawn again from the exact conditional
                         continue
