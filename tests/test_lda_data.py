@@ -136,8 +136,10 @@ def test_doc_ranges_balance_tokens() -> None:
     assert per.max() - per.min() <= 2 * lengths.max()
 
 
-def test_sampler_keeps_counts_consistent() -> None:
-    """One kernel call on a random state: counts stay equal to those recomputed from z, totals too."""
+@pytest.mark.parametrize("ndk_dtype", [np.int16, np.int32])
+def test_sampler_keeps_counts_consistent(ndk_dtype) -> None:
+    """One kernel call on a random state: counts stay equal to those recomputed from z, totals too (with the
+    document counts in either width the app uses)."""
     rng = np.random.default_rng(3)
     K, V, D = 8, 40, 30
     blocks = data.vocab_blocks(np.ones(V), 1)
@@ -145,7 +147,7 @@ def test_sampler_keeps_counts_consistent() -> None:
     doc[:D] = np.arange(D)
     L = data.build_layout(doc, word, None, D, blocks)
     z = kernels.random_topics(L.tokens, K, 5)
-    ndk = kernels.doc_topic_counts(z, L.run_doc, L.run_ptr, D, K)
+    ndk = kernels.doc_topic_counts(z, L.run_doc, L.run_ptr, D, K).astype(ndk_dtype)
     wt = kernels.word_topic_counts(L.word, z, 0, L.tokens, V, K)
     nk = wt.sum(axis=0).astype(np.int64)
     for seed in range(1, 4):
@@ -155,6 +157,15 @@ def test_sampler_keeps_counts_consistent() -> None:
         np.testing.assert_array_equal(wt, kernels.word_topic_counts(L.word, z, 0, L.tokens, V, K))
         np.testing.assert_array_equal(nk, wt.sum(axis=0))
     assert z.min() >= 0 and z.max() < K
+
+
+def test_doc_topic_counts_widen_for_long_documents() -> None:
+    """int16 holds any count of a document up to 32 767 tokens; one token more and the counts are int32."""
+    for length, dtype in ((32_767, np.int16), (32_768, np.int32)):
+        z = np.zeros(length + 3, np.int16)  # one long document, all in topic 0, and a short one
+        run_doc, run_ptr = np.array([0, 1], np.int32), np.array([0, length, length + 3], np.int64)
+        ndk = kernels.doc_topic_counts(z, run_doc, run_ptr, 2, 4)
+        assert ndk.dtype == dtype and ndk[0, 0] == length and ndk[1, 0] == 3
 
 
 def _gibbs_joint(words, topics, ndk0, wt0, nk0, alpha, beta, V) -> np.ndarray:
@@ -216,7 +227,7 @@ def test_sampler_draws_from_the_exact_conditional(case) -> None:
 
     words, topics, nd, wt0, nk0, beta, bound_kind = _CASES[case]
     K, V, alpha = 6, 5, 0.5
-    ndk0 = nd[None, :].copy()
+    ndk0 = nd[None, :].astype(np.int16)  # the app's counts for documents of fewer than 32 768 tokens
     doc_len = np.array([int(ndk0.sum())], np.int32)
     # the first draw's document bucket and the sampler's bound on it: the case covers what it says
     removed = np.eye(K, dtype=np.int64)[topics[0]]

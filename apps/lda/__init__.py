@@ -88,7 +88,7 @@ class LDAExecutor(litz.Executor):
 
     input_attrs = ("settings", "layout", "blocks", "doc_lo", "num_docs", "num_words", "total_tokens")
     z: np.ndarray | None = None  # topic of each token, in layout order (int16): the executor's state
-    ndk: np.ndarray | None = None  # doc-topic counts (int32, docs x K): derived from z, rebuilt on arrival
+    ndk: np.ndarray | None = None  # doc-topic counts (docs x K, int16 or int32): rebuilt from z on arrival
     next_round: int = 0  # the round this executor expects next (a lost or repeated task shows)
 
     def load_input(self) -> None:

@@ -83,6 +83,8 @@ def _doc_bucket(ndk, d, inv, beta):  # pragma: no cover
 def sample_block(word, z, run_doc, run_ptr, r0, r1, ndk, wt, nk, doc_len, alpha, beta, vbeta, seed):  # pragma: no cover
     """Resample every token of runs ``r0..r1-1`` in place (``z``, ``ndk``, ``wt``, ``nk``).
 
+    ``ndk`` is int16 or int32 (:func:`doc_topic_counts`); numba compiles one version for each.
+
     ``wt`` is the block's word-topic matrix (rows = words of the block), ``nk`` the topic totals as this
     task sees them (its own changes included), ``doc_len`` the tokens of each document (all blocks).
     Returns the number of tokens that changed topic.
@@ -249,9 +251,18 @@ def random_topics(tokens: int, K: int, seed: int) -> np.ndarray:
 
 
 def doc_topic_counts(z: np.ndarray, run_doc: np.ndarray, run_ptr: np.ndarray, num_docs: int, K: int) -> np.ndarray:
-    """``ndk`` (num_docs x K, int32) recomputed from the topic assignments."""
+    """``ndk`` (num_docs x K) recomputed from the topic assignments: int16 unless a document is longer than
+    32 767 tokens (a count never exceeds its document's length), else int32.
+
+    ``ndk`` is dense, the largest array an executor holds at large K (K = 1 000: 4 KB a document in int32,
+    against 360 bytes of ``z`` for 180 tokens), and the sampler reads one row at every document visit, from
+    memory when many small blocks make short visits: int16 halves both. The speed is level within this
+    machine's noise (57.6M tokens, 7 pairs alternating with int32 in the job: 16 executors a worker 1.2%
+    faster, 1 a worker 2.8% faster, single runs spreading by 5%)."""
     doc = np.repeat(run_doc.astype(np.int64), np.diff(run_ptr))
-    return np.bincount(doc * K + z, minlength=num_docs * K).reshape(num_docs, K).astype(np.int32)
+    counts = np.bincount(doc * K + z, minlength=num_docs * K).reshape(num_docs, K)
+    longest = int(counts.sum(axis=1).max()) if num_docs else 0
+    return counts.astype(np.int16 if longest <= np.iinfo(np.int16).max else np.int32)
 
 
 def word_topic_counts(word: np.ndarray, z: np.ndarray, lo: int, hi: int, rows: int, K: int) -> np.ndarray:
