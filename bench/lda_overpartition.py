@@ -67,7 +67,7 @@ def run_lda(executors: int, config: dict) -> dict:
 
 def _round_order(counts: tuple, round_index: int) -> list:
     """1 and 16 per worker back to back, then the rest; every second round reversed (drift cancels)."""
-    order = [1, 16] + [k for k in counts if k not in (1, 16)] if 16 in counts else list(counts)
+    order = [1, 16] + [k for k in counts if k not in (1, 16)]
     return order if round_index % 2 == 0 else order[::-1]
 
 
