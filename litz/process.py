@@ -11,8 +11,8 @@ from typing import Any
 
 from . import protocol as P
 from .errors import LitzError
+from .localtransport import open_endpoint
 from .membership import Membership
-from .transport import Endpoint
 
 
 def resident_bytes() -> int:
@@ -85,8 +85,8 @@ class Process:
                  port: int = 0, bind_host: str | None = None, local_dir: str | None = None):
         self.ident = ident
         self.membership = membership
-        self.endpoint = Endpoint(ident, secret, host=host, port=port, bind_host=bind_host, watch=self.watches_peers,
-                                 local_dir=local_dir)
+        self.endpoint = open_endpoint(ident, secret, host=host, port=port, bind_host=bind_host,
+                                      watch=self.watches_peers, local_dir=local_dir)
         self.pid = os.getpid()
         self.epoch = 0
         self._future: list[tuple[str, int, Any]] = []

@@ -11,8 +11,9 @@ sender offers a ring on its first large frame to a peer; the peer maps it and ac
 host, no ``/dev/shm``), and until it accepts every frame travels inline. ``LITZ_SHM=0`` turns rings off.
 
 A one-machine job (``local_dir``) binds Unix sockets in a directory only its user can enter, and leaves
-CURVE off: the directory's permissions keep strangers out as the keys would, and a message then costs the
-I/O threads about a tenth less CPU (no cipher, no TCP), which jobs of many short tasks feel.
+CURVE off: the directory's permissions keep strangers out as the keys would. It uses
+:class:`litz.localtransport.LocalEndpoint`, which keeps everything here but the carrier (no ZeroMQ I/O
+threads); ``LITZ_TRANSPORT=zmq`` gives it this class over ZeroMQ's ``ipc://`` instead.
 """
 from __future__ import annotations
 
@@ -46,6 +47,11 @@ _CONTROL = b"LZC"  # connection hello and ring handshake: pickled (what, ring id
 _RINGED = b"LZR"  # then ring id, count, (frame index, position, length) * count; then the message
 _RINGED_HEAD = struct.Struct("<3sIH")
 _RINGED_ENTRY = struct.Struct("<HQQ")
+
+
+def _buffer(frame: Any) -> Any:
+    """A received frame's bytes: ZeroMQ frames hold them in ``.buffer``, other transports hand buffers."""
+    return frame.buffer if isinstance(frame, zmq.Frame) else frame
 
 
 def ring_prefix(secret: str) -> str:
@@ -94,9 +100,13 @@ class Endpoint:
             else:
                 port = self.router.bind_to_random_port(f"tcp://{bind}")
             self.address = f"tcp://{host}:{port}"
-        self._peers: dict[str, zmq.Socket] = {}
-        self._addresses: dict[str, str] = {}
         self._watches: dict[str, _Watch] = {}  # watched peers' connections
+        self._init_peers(secret, host)
+
+    def _init_peers(self, secret: str, host: str) -> None:
+        """What every endpoint keeps of its peers, whatever carries the bytes: addresses and rings."""
+        self._peers: dict[str, Any] = {}  # peer -> its outgoing connection
+        self._addresses: dict[str, str] = {}
         self.pid = os.getpid()
         self._host = host
         self._ring_prefix = ring_prefix(secret)
@@ -167,8 +177,16 @@ class Endpoint:
         return gone
 
     def disconnect(self, peer: str) -> None:
-        sock = self._peers.pop(peer, None)
+        self._close_connection(peer)
         self._addresses.pop(peer, None)
+        self._inline.discard(peer)
+        for rings in (self._writers, self._offered, self._readers):
+            ring = rings.pop(peer, None)
+            if ring is not None:
+                ring[1].close()
+
+    def _close_connection(self, peer: str) -> None:
+        sock = self._peers.pop(peer, None)
         watch = self._watches.pop(peer, None)
         if sock is not None:
             if watch is not None:
@@ -176,11 +194,6 @@ class Endpoint:
             sock.close(linger=0)
         if watch is not None:
             watch.monitor.close(linger=0)
-        self._inline.discard(peer)
-        for rings in (self._writers, self._offered, self._readers):
-            ring = rings.pop(peer, None)
-            if ring is not None:
-                ring[1].close()
 
     def knows(self, peer: str) -> bool:
         return peer in self._peers
@@ -195,8 +208,11 @@ class Endpoint:
         sizes = [memoryview(f).nbytes for f in frames]
         if self._rings and len(frames) > 1 and max(sizes[1:]) >= RING_MIN_BYTES:
             frames = self._through_ring(peer, frames, sizes)
-        self._peers[peer].send_multipart(frames, copy=False)
+        self._send_frames(peer, frames)
         return sum(sizes)
+
+    def _send_frames(self, peer: str, frames: list) -> None:
+        self._peers[peer].send_multipart(frames, copy=False)
 
     def _through_ring(self, peer: str, frames: list, sizes: list[int]) -> list:
         """``frames`` with the large ones moved into ``peer``'s ring (offering one first if needed)."""
@@ -233,9 +249,8 @@ class Endpoint:
         self._control(peer, ("offer", ring_id, writer.name, self.address))
 
     def _control(self, peer: str, what: tuple) -> None:
-        sock = self._peers.get(peer)
-        if sock is not None:
-            sock.send_multipart([_CONTROL + pickle.dumps(what)])
+        if peer in self._peers:
+            self._send_frames(peer, [_CONTROL + pickle.dumps(what)])
 
     def _on_control(self, sender: str, what: tuple) -> None:
         kind, ring_id = what[0], what[1]
@@ -275,7 +290,7 @@ class Endpoint:
     def _from_ring(self, sender: str, frames: list, borrow: bool) -> tuple[list, tuple | None] | None:
         """The message's frames with ring positions replaced by the frames' bytes (copies, or views when
         borrowing, then also what to release once the message is handled); None for an unknown ring."""
-        head = frames[0].buffer
+        head = _buffer(frames[0])
         _, ring_id, count = _RINGED_HEAD.unpack_from(head)
         ring = self._readers.get(sender)
         if ring is None or ring[0] != ring_id:
@@ -301,42 +316,51 @@ class Endpoint:
 
         ``borrow=True`` saves a copy of each frame that came through a ring: its arrays are views into the
         ring, valid only until the next message is taken, so the caller must copy whatever it keeps."""
-        router = self.router
         held = None
         try:
             for _ in range(limit):
                 if held is not None:
                     held[0].release(held[1])
                     held = None
-                try:
-                    frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
+                got = self._next_incoming()
+                if got is None:
                     return
-                sender = frames[0].bytes.decode()
-                body = frames[1:]
-                tag = body[0].buffer[:3]
+                sender, body = got
+                head = _buffer(body[0])
+                tag = head[:3]
                 if tag == _RINGED:
                     got = self._from_ring(sender, body, borrow)
                     if got is None:
                         continue
                     body, held = got
                 elif tag == _CONTROL:
-                    self._on_control(sender, pickle.loads(body[0].buffer[3:]))
+                    self._on_control(sender, pickle.loads(head[3:]))
                     continue
                 yield sender, wire.decode(body)
         finally:
             if held is not None:
                 held[0].release(held[1])
 
+    def _close_rings(self) -> None:
+        for rings in (self._writers, self._offered, self._readers):
+            for _, ring in rings.values():
+                ring.close()
+            rings.clear()
+
+    def _next_incoming(self) -> tuple[str, list] | None:
+        """The next received message as (sender, frames), or None if nothing is waiting."""
+        try:
+            frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return None
+        return frames[0].bytes.decode(), frames[1:]
+
     def close(self, discard: bool = False) -> None:
         """Close everything. Queued messages get the sockets' linger to reach their peers, unless ``discard``:
         a process the master stopped has nothing left to deliver, and a message queued for a peer that exited
         first (a ring offer or its answer, sent as a short job ended) would hold the close for the whole
         linger."""
-        for rings in (self._writers, self._offered, self._readers):
-            for _, ring in rings.values():
-                ring.close()
-            rings.clear()
+        self._close_rings()
         for watch in self._watches.values():
             watch.monitor.close(linger=0)
         self._watches.clear()
