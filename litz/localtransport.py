@@ -351,8 +351,8 @@ class LocalEndpoint(Endpoint):
 
 def open_endpoint(ident: str, secret: str, host: str = "127.0.0.1", port: int = 0, bind_host: str | None = None,
                   watch: bool = False, local_dir: str | None = None) -> Endpoint:
-    """A one-machine job's endpoint is a :class:`LocalEndpoint` (``LITZ_TRANSPORT=zmq``: ZeroMQ's ``ipc://``);
-    any other is ZeroMQ over TCP with CURVE."""
-    if local_dir is not None and os.environ.get("LITZ_TRANSPORT", "unix") != "zmq":
+    """A one-machine job's endpoint is a :class:`LocalEndpoint` (``LITZ_TRANSPORT=zmq``, or no epoll as on
+    macOS: ZeroMQ's ``ipc://``); any other is ZeroMQ over TCP with CURVE."""
+    if local_dir is not None and os.environ.get("LITZ_TRANSPORT", "unix") != "zmq" and hasattr(select, "epoll"):
         return LocalEndpoint(ident, secret, local_dir, watch=watch)
     return Endpoint(ident, secret, host=host, port=port, bind_host=bind_host, watch=watch, local_dir=local_dir)

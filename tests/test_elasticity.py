@@ -33,8 +33,11 @@ def counts(st: dict) -> tuple[int, int]:
 
 
 @pytest.mark.timeout(120)
-def test_scale_out_then_in_during_a_job(tmp_path):
-    name, out = "elastic-local", tmp_path / "out.json"
+@pytest.mark.parametrize("transport", ["unix", "zmq"])
+def test_scale_out_then_in_during_a_job(tmp_path, monkeypatch, transport):
+    """Also over ZeroMQ (``LITZ_TRANSPORT=zmq``), the carrier jobs across hosts use."""
+    monkeypatch.setenv("LITZ_TRANSPORT", transport)
+    name, out = f"elastic-local-{transport}", tmp_path / "out.json"
     with Processes() as procs:
         job = procs.start(["litz", "run", app_path("chains"), "--name", name, "--executors", "16",
                            "--config", f"chains={CHAINS}", f"steps={LONG}", "sleep=0.004",

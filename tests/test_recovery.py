@@ -26,11 +26,14 @@ def events_of(path) -> list[dict]:
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("victims,scar", [(["w0"], []), (["s0"], []), (["w1", "s0"], []),
-                                          (["w0"], ["--partial-recovery", "--priority-checkpoint", "0.25"])],
-                         ids=["w0", "s0", "w1-s0", "w0-with-scar"])
-def test_kill_9_at_a_random_point_recovers_exactly(tmp_path, victims, scar):
-    """With SCAR's priority checkpoints on, a lost worker still has a full checkpoint to recover from."""
+@pytest.mark.parametrize("victims,scar,transport", [
+    (["w0"], [], "unix"), (["s0"], [], "unix"), (["w1", "s0"], [], "unix"),
+    (["w0"], ["--partial-recovery", "--priority-checkpoint", "0.25"], "unix"), (["w1", "s0"], [], "zmq")],
+    ids=["w0", "s0", "w1-s0", "w0-with-scar", "w1-s0-over-zeromq"])
+def test_kill_9_at_a_random_point_recovers_exactly(tmp_path, monkeypatch, victims, scar, transport):
+    """With SCAR's priority checkpoints on, a lost worker still has a full checkpoint to recover from. One case
+    runs the job over ZeroMQ (``LITZ_TRANSPORT=zmq``), the carrier jobs across hosts use."""
+    monkeypatch.setenv("LITZ_TRANSPORT", transport)
     name, out = f"recover-{'-'.join(victims)}{'-scar' if scar else ''}", tmp_path / "out.json"
     rng = random.Random(hash(tuple(victims)))
     with Processes() as procs:
