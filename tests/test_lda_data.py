@@ -159,6 +159,39 @@ def test_sampler_keeps_counts_consistent(ndk_dtype) -> None:
     assert z.min() >= 0 and z.max() < K
 
 
+def test_sample_task_is_sample_block_with_its_delta() -> None:
+    """The task's one-call kernel leaves the block as read untouched and returns what sample_block does to a
+    copy, the block's exact delta with its range, and the change of the totals (same seed, same draws)."""
+    rng = np.random.default_rng(4)
+    K, V, D = 8, 40, 30
+    blocks = data.vocab_blocks(np.ones(V), 1)
+    doc, word = rng.integers(0, D, 2000), rng.integers(0, V, 2000)
+    doc[:D] = np.arange(D)
+    L = data.build_layout(doc, word, None, D, blocks)
+    z = kernels.random_topics(L.tokens, K, 5)
+    z2 = z.copy()
+    ndk = kernels.doc_topic_counts(z, L.run_doc, L.run_ptr, D, K)
+    ndk2 = ndk.copy()
+    wt_read = kernels.word_topic_counts(L.word, z, 0, L.tokens, V, K)
+    nk_read = wt_read.sum(axis=0).astype(np.int64)
+    args = (L.run_doc, L.run_ptr, 0, len(L.run_doc))
+    wt, delta, nk_delta, changed, lo, hi = kernels.sample_task(L.word, z, *args, ndk, wt_read, nk_read.copy(),
+                                                               L.doc_len, 0.1, 0.01, 0.01 * V, np.uint64(7))
+    wt2, nk2 = wt_read.copy(), nk_read.copy()
+    changed2 = kernels.sample_block(L.word, z2, *args, ndk2, wt2, nk2, L.doc_len, 0.1, 0.01, 0.01 * V, np.uint64(7))
+    assert changed == changed2 > 0
+    np.testing.assert_array_equal(z, z2)
+    np.testing.assert_array_equal(wt, wt2)
+    np.testing.assert_array_equal(ndk, ndk2)
+    np.testing.assert_array_equal(wt_read, kernels.word_topic_counts(L.word, kernels.random_topics(L.tokens, K, 5),
+                                                                     0, L.tokens, V, K))  # the read block as it was
+    np.testing.assert_array_equal(delta, wt2 - wt_read)
+    np.testing.assert_array_equal(nk_delta, nk2 - nk_read)
+    assert (lo, hi) == (min(0, int(delta.min())), max(0, int(delta.max()))) and lo < 0 < hi
+    small = kernels.compact_delta(delta, lo, hi)
+    assert small.dtype == np.int8 and np.array_equal(small, delta)
+
+
 def test_doc_topic_counts_widen_for_long_documents() -> None:
     """int16 holds any count of a document up to 32 767 tokens; one token more and the counts are int32."""
     for length, dtype in ((32_767, np.int16), (32_768, np.int32)):
@@ -325,7 +358,7 @@ def test_shipped_executor_uses_the_cached_sampler(tmp_path) -> None:
     finally:
         cloudpickle.unregister_pickle_by_value(apps.lda)
     code = ("import pickle, sys; cls = pickle.loads(open(sys.argv[1], 'rb').read()); g = cls.run_task.__globals__; "
-            "print(type(g['kernels'].sample_block._cache).__name__, type(g['_sampler']()._cache).__name__)")
+            "print(type(g['kernels'].sample_task._cache).__name__, type(g['_sampler']()._cache).__name__)")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", code, str(blob)], cwd=root, capture_output=True, text=True,
                          timeout=25, env={**os.environ, "PYTHONPATH": ""})

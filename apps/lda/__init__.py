@@ -69,7 +69,7 @@ from .settings import Settings
 
 
 def _sampler():  # noqa: ANN202 (a numba dispatcher)
-    """``kernels.sample_block`` as imported from disk when this process can import the app, else the shipped copy.
+    """``kernels.sample_task`` as imported from disk when this process can import the app, else the shipped copy.
 
     Litz ships the app's code to workers by value (cloudpickle), and numba's on-disk cache (``cache=True``)
     serves only functions imported from their file, so every worker process (a scale-out's new one too)
@@ -77,9 +77,9 @@ def _sampler():  # noqa: ANN202 (a numba dispatcher)
     the cache. A worker that cannot import the app uses the shipped copy, which compiles on first use (as
     ``apps.hdbscan._kernels`` does)."""
     try:
-        return importlib.import_module(kernels.__name__).sample_block
+        return importlib.import_module(kernels.__name__).sample_task
     except ImportError:
-        return kernels.sample_block
+        return kernels.sample_task
 
 
 # --------------------------------------------------------------------------------------------- executor
@@ -162,9 +162,8 @@ class LDAExecutor(litz.Executor):
         ndk = self._doc_topics()
         t0 = time.perf_counter()
         # compile the kernels now, with the real argument types, so sampling time is sampling time
-        wt0 = np.zeros((1, self.K), np.int32)
-        _sampler()(L.word, self.z, L.run_doc, L.run_ptr, 0, 0, ndk, wt0, np.zeros(self.K, np.int64), L.doc_len,
-                   s.alpha, s.beta, s.beta * self.num_words, np.uint64(1))
+        _sampler()(L.word, self.z, L.run_doc, L.run_ptr, 0, 0, ndk, np.zeros((1, self.K), np.int32),
+                   np.zeros(self.K, np.int64), L.doc_len, s.alpha, s.beta, s.beta * self.num_words, np.uint64(1))
         return {"kind": "init", "executor": self.executor_id, "tokens": L.tokens, "docs": len(L.doc_len),
                 "doc_lo": self.doc_lo, "blocks": self.blocks.num_blocks, "num_docs": self.num_docs,
                 "num_words": self.num_words, "total_tokens": self.total_tokens,
@@ -178,17 +177,19 @@ class LDAExecutor(litz.Executor):
         s, L = self.settings, self.layout
         wt_ps, nk_ps, hold = self.ps_get_many([("wt", block), ("totals",), ("hold", block)])
         t0, c0 = time.perf_counter(), time.thread_time()
-        rows = int(self.blocks.sizes[block])
-        wt = np.zeros((rows, self.K), np.int32) if wt_ps is None else np.array(wt_ps, dtype=np.int32)
+        if wt_ps is None:
+            wt_ps = np.zeros((int(self.blocks.sizes[block]), self.K), np.int32)
+        elif wt_ps.dtype != np.int32 or not wt_ps.flags.c_contiguous:  # as stored it always is: one compiled kernel
+            wt_ps = np.ascontiguousarray(wt_ps, np.int32)
         nk = np.array(nk_ps, dtype=np.int64)
-        nk_before = nk.copy()
         ndk = self._doc_topics()
         r0, r1 = self._runs(block)
         seed = np.uint64(kernels.task_seed(s.sampler_seed, self.executor_id, rnd))
-        changed = _sampler()(L.word, self.z, L.run_doc, L.run_ptr, r0, r1, ndk, wt, nk, L.doc_len, s.alpha, s.beta,
-                             s.beta * self.num_words, seed)
-        delta = kernels.compact_delta(wt if wt_ps is None else wt - wt_ps)
-        self.ps_update_many([(("wt", block), delta), (("totals",), nk - nk_before), (("hold", block), 1)])
+        wt, delta, nk_delta, changed, lo, hi = _sampler()(
+            L.word, self.z, L.run_doc, L.run_ptr, r0, r1, ndk, wt_ps, nk, L.doc_len, s.alpha, s.beta,
+            s.beta * self.num_words, seed)
+        self.ps_update_many([(("wt", block), kernels.compact_delta(delta, lo, hi)), (("totals",), nk_delta),
+                             (("hold", block), 1)])
         self.next_round = rnd + 1
         out: dict[str, Any] = {"kind": "sample", "executor": self.executor_id, "round": rnd, "block": block,
                                "hold": int(hold or 0), "tokens": int(L.run_ptr[r1] - L.run_ptr[r0]),
