@@ -7,7 +7,7 @@ small round trip between two processes costs about 120 us of wall time and 55 us
 ZeroMQ's ``ipc://``, 10 and 5 us through a Unix socket. A job of many short tasks pays that on every
 dispatch, fetch, flush, acknowledgement and completion, so ``litz run`` (a ``local_dir``) uses this carrier;
 jobs across hosts keep ZeroMQ (TCP, CURVE, heartbeats). ``LITZ_TRANSPORT=zmq`` makes a one-machine job use
-ZeroMQ too (the baseline of ``bench/lda_overpartition.py``'s transport comparison).
+ZeroMQ too (the baseline of ``bench/local_transport.py``).
 
 Everything above the carrier is :class:`litz.transport.Endpoint`'s: messages as frame lists (a pickle header,
 then out-of-band buffers), per-peer FIFO order, shared-memory rings for large frames, the hello and ring
