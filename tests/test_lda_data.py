@@ -136,17 +136,25 @@ def test_doc_ranges_balance_tokens() -> None:
     assert per.max() - per.min() <= 2 * lengths.max()
 
 
+K_SMALL, V_SMALL, D_SMALL = 8, 40, 30
+
+
+def _random_state(seed: int) -> tuple:
+    """A small random corpus in one block (every document has a token) and uniform random topics."""
+    rng = np.random.default_rng(seed)
+    blocks = data.vocab_blocks(np.ones(V_SMALL), 1)
+    doc, word = rng.integers(0, D_SMALL, 2000), rng.integers(0, V_SMALL, 2000)
+    doc[:D_SMALL] = np.arange(D_SMALL)
+    L = data.build_layout(doc, word, None, D_SMALL, blocks)
+    return L, kernels.random_topics(L.tokens, K_SMALL, 5)
+
+
 @pytest.mark.parametrize("ndk_dtype", [np.int16, np.int32])
 def test_sampler_keeps_counts_consistent(ndk_dtype) -> None:
     """One kernel call on a random state: counts stay equal to those recomputed from z, totals too (with the
     document counts in either width the app uses)."""
-    rng = np.random.default_rng(3)
-    K, V, D = 8, 40, 30
-    blocks = data.vocab_blocks(np.ones(V), 1)
-    doc, word = rng.integers(0, D, 2000), rng.integers(0, V, 2000)
-    doc[:D] = np.arange(D)
-    L = data.build_layout(doc, word, None, D, blocks)
-    z = kernels.random_topics(L.tokens, K, 5)
+    K, V, D = K_SMALL, V_SMALL, D_SMALL
+    L, z = _random_state(3)
     ndk = kernels.doc_topic_counts(z, L.run_doc, L.run_ptr, D, K).astype(ndk_dtype)
     wt = kernels.word_topic_counts(L.word, z, 0, L.tokens, V, K)
     nk = wt.sum(axis=0).astype(np.int64)
@@ -162,18 +170,14 @@ def test_sampler_keeps_counts_consistent(ndk_dtype) -> None:
 def test_sample_task_is_sample_block_with_its_delta() -> None:
     """The task's one-call kernel leaves the block as read untouched and returns what sample_block does to a
     copy, the block's exact delta with its range, and the change of the totals (same seed, same draws)."""
-    rng = np.random.default_rng(4)
-    K, V, D = 8, 40, 30
-    blocks = data.vocab_blocks(np.ones(V), 1)
-    doc, word = rng.integers(0, D, 2000), rng.integers(0, V, 2000)
-    doc[:D] = np.arange(D)
-    L = data.build_layout(doc, word, None, D, blocks)
-    z = kernels.random_topics(L.tokens, K, 5)
+    K, V, D = K_SMALL, V_SMALL, D_SMALL
+    L, z = _random_state(4)
     z2 = z.copy()
     ndk = kernels.doc_topic_counts(z, L.run_doc, L.run_ptr, D, K)
     ndk2 = ndk.copy()
     wt_read = kernels.word_topic_counts(L.word, z, 0, L.tokens, V, K)
     nk_read = wt_read.sum(axis=0).astype(np.int64)
+    wt_read_before = wt_read.copy()
     args = (L.run_doc, L.run_ptr, 0, len(L.run_doc))
     wt, delta, nk_delta, changed, lo, hi = kernels.sample_task(L.word, z, *args, ndk, wt_read, nk_read.copy(),
                                                                L.doc_len, 0.1, 0.01, 0.01 * V, np.uint64(7))
@@ -183,8 +187,7 @@ def test_sample_task_is_sample_block_with_its_delta() -> None:
     np.testing.assert_array_equal(z, z2)
     np.testing.assert_array_equal(wt, wt2)
     np.testing.assert_array_equal(ndk, ndk2)
-    np.testing.assert_array_equal(wt_read, kernels.word_topic_counts(L.word, kernels.random_topics(L.tokens, K, 5),
-                                                                     0, L.tokens, V, K))  # the read block as it was
+    np.testing.assert_array_equal(wt_read, wt_read_before)  # the block as read is left as it was
     np.testing.assert_array_equal(delta, wt2 - wt_read)
     np.testing.assert_array_equal(nk_delta, nk2 - nk_read)
     assert (lo, hi) == (min(0, int(delta.min())), max(0, int(delta.max()))) and lo < 0 < hi
