@@ -6,9 +6,10 @@ implements the framework-provided methods, and swaps that context when the objec
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Hashable, Iterable
 from typing import Any
+
+from . import clock
 
 
 class Driver:
@@ -42,7 +43,7 @@ class Driver:
 
     def report(self, **metrics: Any) -> None:
         """Record progress (objective, epoch, ...) with a timestamp; shown in the progress line and --metrics."""
-        self._litz.report(metrics, time.time())
+        self._litz.report(metrics, clock.time())
 
     def finish(self, result: Any = None) -> None:
         """End the job; ``result`` must be JSON-serialisable."""

@@ -13,12 +13,12 @@ import json
 import os
 import secrets
 import shutil
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
 
+from . import clock
 from .errors import LitzError
 
 MANIFEST = "manifest.json"
@@ -130,7 +130,7 @@ class CheckpointStore:
 
     def commit(self, seq: int, tmp: str, manifest: dict) -> str:
         """Write the manifest and rename the checkpoint into place; prune old ones."""
-        manifest = {**manifest, "format": FORMAT, "seq": seq, "run": self.run, "written": time.time()}
+        manifest = {**manifest, "format": FORMAT, "seq": seq, "run": self.run, "written": clock.time()}
         path = os.path.join(tmp, MANIFEST)
         with open(path, "w") as f:
             json.dump(manifest, f)

@@ -5,8 +5,9 @@ import json
 import math
 import os
 import sys
-import time
 from typing import Any, TextIO
+
+from . import clock
 
 
 def _jsonable(value: Any) -> Any:
@@ -33,7 +34,7 @@ def check_json(value: Any, what: str) -> Any:
 
 class JobLog:
     def __init__(self, metrics_path: str | None = None, progress: bool = True, stream: TextIO | None = None):
-        self.start = time.time()
+        self.start = clock.time()
         self.events: list[dict] = []
         self.last_report: dict = {}
         self.progress = progress
@@ -43,7 +44,7 @@ class JobLog:
         self._metrics = open(metrics_path, "a", buffering=1) if metrics_path else None
 
     def elapsed(self) -> float:
-        return time.time() - self.start
+        return clock.time() - self.start
 
     def event(self, kind: str, **fields: Any) -> dict:
         ev = {"t": round(self.elapsed(), 4), "kind": kind, **_jsonable(fields)}
@@ -59,7 +60,7 @@ class JobLog:
             self._metrics.write(json.dumps(row) + "\n")
 
     def show(self, tasks: int, rate: float, workers: int, servers: int, force: bool = False) -> None:
-        now = time.time()
+        now = clock.time()
         if not self.progress or (not force and now - self._last_line < (0.5 if self._tty else 5.0)):
             return
         self._last_line = now

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import numpy as np
 import zmq
 
+from . import clock
 from . import protocol as P
 from .appload import App
 from .checkpoint import CheckpointStore
@@ -139,7 +139,7 @@ class Master(Process):
         self.finished = False
         self.result: Any = None
         self.state = "starting"
-        self._rate_samples: list[tuple[float, int]] = [(time.time(), 0)]
+        self._rate_samples: list[tuple[float, int]] = [(clock.time(), 0)]
         self.sent_in_flight = 0  # dispatched tasks handed to workers and not completed
         self.paused_tasks: list[tuple] = []  # dispatched while a checkpoint holds dispatch
         self.faults: list[tuple[float, str, int]] = []  # (when, process id, signal) from litzctl kill
@@ -187,7 +187,7 @@ class Master(Process):
             self.recovery.start_fresh()
             self.place_and_create()
             self.start_driver()
-        last_check = last_status = last_requests = last_losses = time.time()
+        last_check = last_status = last_requests = last_losses = clock.time()
         router = self.endpoint.router
         poller = zmq.Poller()
         poller.register(router, zmq.POLLIN)
@@ -202,7 +202,7 @@ class Master(Process):
                     if self.finished:
                         break
                 self.after_batch()
-            now = time.time()
+            now = clock.time()
             losses = False
             if now - last_losses > LOSS_CHECK_S:
                 last_losses = now
@@ -255,13 +255,13 @@ class Master(Process):
                 pass
 
     def _pump(self, until: Callable[[], bool], what: Callable[[], str]) -> None:
-        deadline = time.time() + self.start_timeout
+        deadline = clock.time() + self.start_timeout
         while not until():
             self.pump(0.1)
             dead = self.supervise() if self.supervise else []
             if dead:
                 raise LitzError("; ".join(f"{role} process {pid} {how}" for role, pid, how in dead))
-            if time.time() > deadline:
+            if clock.time() > deadline:
                 raise LitzError(what())
 
     def wait_for_members(self) -> None:
@@ -308,8 +308,8 @@ class Master(Process):
         self.driver = driver
         self.state = "running"
         self.started = True
-        self.joblog.start = time.time()
-        self._rate_samples = [(time.time(), 0)]
+        self.joblog.start = clock.time()
+        self._rate_samples = [(clock.time(), 0)]
         with app_code("driver dispatch_initial_tasks"):
             driver.__init__()
             driver.dispatch_initial_tasks()
@@ -326,7 +326,7 @@ class Master(Process):
         self.requested_executors = checkpoints[0].manifest["num_executors"]
         self.requested_shards = checkpoints[0].manifest["num_shards"]
         self.place_and_create(create=False)
-        t0 = time.time()
+        t0 = clock.time()
         while True:
             try:
                 self.recovery.restore(checkpoints[0])
@@ -338,7 +338,7 @@ class Master(Process):
                     raise LitzError(f"--resume: no checkpoint could be restored: {exc}") from None
         self.recovery.store.adopt(checkpoints[0])  # a failure before this run's first checkpoint goes back to it
         self.joblog.event("resume", checkpoint=checkpoints[0].path, seq=checkpoints[0].seq,
-                          duration_s=round(time.time() - t0, 4), tasks_completed=self.tasks_completed)
+                          duration_s=round(clock.time() - t0, 4), tasks_completed=self.tasks_completed)
         self.flush_outbox()
 
     def reset_for_restore(self, num_executors: int, num_shards: int) -> None:
@@ -554,7 +554,7 @@ class Master(Process):
         ex_moves, shard_moves = self.plan()
         if ex_moves or shard_moves or kind == "scale_in":
             if self.operation is None:
-                self.operation = ScaleOperation(kind, time.time(), processes)
+                self.operation = ScaleOperation(kind, clock.time(), processes)
             else:
                 self.operation.processes.extend(processes)
         draining = {m.ident for m in self.workers.values() if m.state == "draining"}
@@ -707,7 +707,7 @@ class Master(Process):
             return
         if self.pending("worker") or self.pending("server"):
             return  # processes this operation started have not all joined yet
-        end = time.time()
+        end = clock.time()
         self.joblog.event(op.kind, t=round(op.t0 - self.joblog.start, 4), end=round(end - self.joblog.start, 4),
                           duration_s=round(end - op.t0, 4), bytes=op.bytes, executors_moved=op.executors_moved,
                           shards_moved=op.shards_moved, processes=op.processes, workers=len(self.workers),
@@ -764,7 +764,7 @@ class Master(Process):
                 more = target - len(active)
                 if self.spawn is not None:
                     for _ in range(more):
-                        self.spawning.append((role, self.spawn(role), time.time()))
+                        self.spawning.append((role, self.spawn(role), clock.time()))
                     said.append(f"starting {more} {role}(s)")
                 else:
                     said.append(f"waiting for {more} more {role}(s) to join: start `litz {role} --etcd ... "
@@ -824,7 +824,7 @@ class Master(Process):
 
     def check_spawning(self) -> None:
         """Forget started processes that died or did not join in time, and balance without them."""
-        now = time.time()
+        now = clock.time()
         gone = [s for s in self.spawning if (getattr(s[1], "poll", None) is not None and s[1].poll() is not None)
                 or now - s[2] > self.start_timeout]
         if gone:
@@ -841,7 +841,7 @@ class Master(Process):
             self.flush_outbox()
 
     def inject_faults(self) -> None:
-        now = time.time()
+        now = clock.time()
         for fault in [f for f in self.faults if f[0] <= now]:
             self.faults.remove(fault)
             if fault[1] in self.workers or fault[1] in self.servers:
@@ -876,7 +876,7 @@ class Master(Process):
                     ident = args.get("id")
                     if ident not in self.workers and ident not in self.servers:
                         raise LitzError(f"unknown process id: {ident} (see litzctl status)")
-                    self.faults.append((time.time() + float(args.get("after") or 0), ident,
+                    self.faults.append((clock.time() + float(args.get("after") or 0), ident,
                                         int(args.get("signal") or 9)))
                     message = f"{ident} will be killed (signal {int(args.get('signal') or 9)}) in " \
                               f"{float(args.get('after') or 0):g} s"
@@ -890,7 +890,7 @@ class Master(Process):
                 self.membership.respond(rid, {"ok": False, "message": f"{command}: {type(exc).__name__}: {exc}"})
 
     def rate(self) -> float:
-        now = time.time()
+        now = clock.time()
         samples = self._rate_samples
         if now - samples[-1][0] >= 1.0:
             samples.append((now, self.tasks_completed))
@@ -913,7 +913,7 @@ class Master(Process):
             "checkpoints": len([e for e in self.joblog.events if e["kind"] == "checkpoint"]),
             # a checkpoint under way holds new dispatches: why a job's rate drops to zero for a moment
             "checkpointing": None if not self.recovery.paused else {
-                "held_s": round(time.time() - self.recovery.pause_t0, 3), "held_tasks": len(self.paused_tasks)},
+                "held_s": round(clock.time() - self.recovery.pause_t0, 3), "held_tasks": len(self.paused_tasks)},
             "moving": {"executors": len(self.moving_executors) + len(self.copying_input),
                        "shards": len(self.moving_shards)},
             "report": self.joblog.last_report,

@@ -21,7 +21,6 @@ import pickle
 import shutil
 import sys
 import tempfile
-import time
 import zlib
 from collections import OrderedDict
 from collections.abc import MutableMapping
@@ -32,6 +31,7 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
+from . import clock
 from .api import held_input
 from .errors import LitzError
 
@@ -185,7 +185,7 @@ class Residency:
     def evict(self, eid: int, executor: Any) -> tuple[int, float]:
         """Write the executor to disk (its input data only if not already there); the caller drops it.
         Returns (bytes written, seconds)."""
-        t0 = time.perf_counter()
+        t0 = clock.perf_counter()
         state = executor.__getstate__()
         written = 0
         inputs = held_input(executor) if isinstance(state, dict) else {}
@@ -203,7 +203,7 @@ class Residency:
         self.spilled[eid] = rec
         self.sizes.pop(eid, None)
         self.lru.pop(eid, None)
-        return written + rec.nbytes, time.perf_counter() - t0
+        return written + rec.nbytes, clock.perf_counter() - t0
 
     def loading_bytes(self) -> int:
         """What the loads under way bring into memory."""
@@ -284,11 +284,11 @@ class Residency:
 
 
 def _read(rec: Spilled, inputs: dict[str, Spilled] | None = None) -> tuple[Any, float]:
-    t0 = time.perf_counter()
+    t0 = clock.perf_counter()
     state = _checked_load(rec)
     for a, input_rec in (inputs or {}).items():
         state[a] = _checked_load(input_rec, kept=True)
-    return state, time.perf_counter() - t0
+    return state, clock.perf_counter() - t0
 
 
 def _checked_load(rec: Spilled, kept: bool = False) -> Any:
@@ -386,7 +386,7 @@ class ShardTables(MutableMapping):
     def enforce(self) -> list[tuple[int, int, float]]:
         """Spill least recently used shards until under budget (keeping the most recent); (shard, bytes, s)."""
         budget = self.residency.budget
-        now = time.time()
+        now = clock.time()
         if budget is None or now < self._next_check:
             return []
         self._next_check = now + 0.05

@@ -5,10 +5,10 @@ import copy
 import os
 import signal
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
+from . import clock
 from . import protocol as P
 from .errors import LitzError
 from .localtransport import open_endpoint
@@ -141,7 +141,7 @@ class Process:
 
     def leave_on_request(self) -> bool:
         """Called by the event loop: True once this process should just exit (master gone)."""
-        now = time.time()
+        now = clock.time()
         if now - self._drain_sent > 5.0:
             self._drain_sent = now
             if self.membership.master() is None:
@@ -188,9 +188,9 @@ class Process:
     def await_welcome(self, timeout: float) -> None:
         """Handle nothing until the master's first message: none means it cannot hear us (wrong secret?)."""
         ep = self.endpoint
-        deadline = time.time() + timeout
+        deadline = clock.time() + timeout
         while not ep.poll(100):
-            if time.time() > deadline:
+            if clock.time() > deadline:
                 raise LitzError(f"{self.role} {self.ident}: the master at {ep.address_of('master')} did not answer "
                                 f"within {timeout:.0f} s; is the job secret right?")
             if self.membership.master() is None:

@@ -14,9 +14,9 @@ starts it over. SCAR's partial recovery (lost servers only) changes no epoch and
 from __future__ import annotations
 
 import sys
-import time
 from typing import TYPE_CHECKING, Any
 
+from . import clock
 from . import protocol as P
 from .checkpoint import Checkpoint, CheckpointStore, executor_part, shard_part
 from .errors import LitzError
@@ -57,8 +57,8 @@ class Recovery:
             raise LitzError("--priority-checkpoint R needs 0 < R <= 1 and --checkpoint-every (saved every R x it)")
         # full checkpoints keep their period with priority checkpoints too: a lost worker (its executors) needs
         # one; the running checkpoint gets the top R of the parameters every R x period in between
-        self.next_due = time.time() + every if every else None
-        self.next_priority = time.time() + every * priority if priority else None
+        self.next_due = clock.time() + every if every else None
+        self.next_priority = clock.time() + every * priority if priority else None
         self.priority_round: dict | None = None
         self.requested = False
         self.in_progress: dict | None = None  # seq, tmp, parts, waiting, pause_t0
@@ -87,13 +87,13 @@ class Recovery:
         m = self.master
         if self.store is None or not m.started or m.finished:
             return
-        if self.next_due is not None and time.time() >= self.next_due and not self.paused:
+        if self.next_due is not None and clock.time() >= self.next_due and not self.paused:
             self.requested = True
-        if self.next_priority is not None and time.time() >= self.next_priority and self.priority_round is None:
+        if self.next_priority is not None and clock.time() >= self.next_priority and self.priority_round is None:
             self.priority_checkpoint()
         if self.requested and not self.paused:
             self.requested = False
-            self.pause_t0 = time.time()  # from here on, dispatches are held
+            self.pause_t0 = clock.time()  # from here on, dispatches are held
         if self.paused and self.in_progress is None and m.quiet():
             self.snapshot()
 
@@ -144,7 +144,7 @@ class Recovery:
             self.store.abort(cp["tmp"])
             self.failed(f"writing the checkpoint failed: {exc}")
             return
-        pause = time.time() - self.pause_t0
+        pause = clock.time() - self.pause_t0
         m.joblog.event("checkpoint", path=path, seq=cp["seq"], pause_s=round(pause, 4),
                        bytes=sum(p["bytes"] for p in parts.values()), tasks_completed=m.tasks_completed)
         self.resume()
@@ -159,7 +159,7 @@ class Recovery:
         if not servers:
             self.schedule_priority()
             return
-        self.priority_round = {"t0": time.time(), "phase": "measure", "waiting": set(servers), "distances": {},
+        self.priority_round = {"t0": clock.time(), "phase": "measure", "waiting": set(servers), "distances": {},
                                "values_saved": 0, "values": 0, "keys_saved": 0, "keys": 0}
         for ident in servers:
             m.send(ident, (P.PRIORITY_CHECKPOINT, self.store.root, self.priority))
@@ -197,13 +197,13 @@ class Recovery:
         if not r["waiting"]:
             self.master.joblog.event("priority_checkpoint", fraction=self.priority, values_saved=r["values_saved"],
                                      values=r["values"], keys_saved=r["keys_saved"], keys=r["keys"],
-                                     duration_s=round(time.time() - r["t0"], 4))
+                                     duration_s=round(clock.time() - r["t0"], 4))
             self.priority_round = None
             self.schedule_priority()
 
     def schedule_priority(self) -> None:
         """The next priority round is due R x the checkpoint period from now."""
-        self.next_priority = time.time() + self.every * self.priority
+        self.next_priority = clock.time() + self.every * self.priority
 
     def restart_priority_rounds(self) -> None:
         """A recovery drops the round under way: a lost server never answers it, and the epoch it starts drops
@@ -220,7 +220,7 @@ class Recovery:
     def resume(self) -> None:
         self.pause_t0 = None
         if self.every:
-            self.next_due = time.time() + self.every
+            self.next_due = clock.time() + self.every
         self.master.release_paused()
         self.master.rebalance("scale_out", [])  # processes that joined while dispatch was held
 
@@ -242,7 +242,7 @@ class Recovery:
     def recover(self, lost: list[Member], why: str) -> None:
         """Restore the latest good checkpoint onto the processes still alive (plus replacements)."""
         m = self.master
-        t0 = time.time()
+        t0 = clock.time()
         self.restart_priority_rounds()
         # the job's size before the loss: replacements (also for processes lost while recovering) bring it back
         size = {"worker": len(m.workers), "server": len(m.servers)} if m.spawn is not None else None
@@ -285,7 +285,7 @@ class Recovery:
                 if not checkpoints:
                     raise LitzError(f"{why}, and no checkpoint could be restored: {exc}") from None
         m.joblog.event("recovery", checkpoint=ckpt.path, seq=ckpt.seq, lost=lost_ids, noticed=noticed,
-                       duration_s=round(time.time() - t0, 4), tasks_completed=m.tasks_completed)
+                       duration_s=round(clock.time() - t0, 4), tasks_completed=m.tasks_completed)
         m.rebalance("scale_out", [])  # processes that joined while the restore ran
 
     def restore(self, ckpt: Checkpoint, wait_for: dict[str, int] | None = None) -> None:
@@ -349,7 +349,7 @@ class Recovery:
         executor, and the live servers apply every update exactly once; only the lost shards go back to the
         checkpoint, as SCAR intends."""
         m = self.master
-        t0 = time.time()
+        t0 = clock.time()
         lost_ids = [x.ident for x in lost]
         if self.priority is not None:
             source, root, files = "running", self.store.root, None
@@ -385,7 +385,7 @@ class Recovery:
         self.await_restored()
         self.restoring = None
         m.joblog.event("partial_recovery", lost=lost_ids, noticed={x.ident: x.noticed for x in lost}, source=source,
-                       shards_restored=len(lost_shards), duration_s=round(time.time() - t0, 4))
+                       shards_restored=len(lost_shards), duration_s=round(clock.time() - t0, 4))
         # a replacement that joined meanwhile gets its shards only now: moved mid-recovery, the live server
         # would forward requests the workers are about to send again
         m.rebalance("scale_out", [])
@@ -405,10 +405,10 @@ class Recovery:
         m = self.master
         if not size:
             return
-        deadline = time.time() + REPLACEMENT_WAIT_S
+        deadline = clock.time() + REPLACEMENT_WAIT_S
         while (len(m.workers) < size["worker"] or len(m.servers) < size["server"]
                or any(not w.ready for w in m.workers.values())):
-            late = time.time() - deadline
+            late = clock.time() - deadline
             if late > 0 and m.servers and any(w.ready for w in m.workers.values()):
                 break
             if late > m.start_timeout:

@@ -12,7 +12,6 @@ completes however many hops its items took.
 """
 from __future__ import annotations
 
-import time
 import traceback
 from collections import defaultdict
 from collections.abc import Hashable
@@ -20,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from . import clock
 from . import protocol as P
 from .cache import add_into
 from .checkpoint import read_part, shard_part, sync_filesystem, write_part
@@ -58,7 +58,7 @@ class Server(Process):
         self.send("master", (P.HELLO, "server", {"address": self.endpoint.address}))
         self.await_welcome(start_timeout)
         ep = self.endpoint
-        last_check = time.time()
+        last_check = clock.time()
         while self.running:
             if ep.poll(200):
                 for sender, msg in self.receive():
@@ -68,7 +68,7 @@ class Server(Process):
                     self.send("master", (P.MEMORY_EVENT, "evict_shard", shard, nbytes, round(seconds, 6)))
             if self.drain_requested and self.retire_waiting is None and self.leave_on_request():
                 break
-            now = time.time()
+            now = clock.time()
             if now - last_check > 1.0:
                 last_check = now
                 if not self.job_goes_on():
@@ -86,10 +86,10 @@ class Server(Process):
         elif tag == P.UPDATES:
             self.on_updates(sender, msg[1], msg[2])
         elif tag == P.FWD_GETS:
-            self.last_forward[sender] = time.monotonic()
+            self.last_forward[sender] = clock.monotonic()
             self.on_gets(msg[1], msg[2], forwarded=True)
         elif tag == P.FWD_UPDATES:
-            self.last_forward[sender] = time.monotonic()
+            self.last_forward[sender] = clock.monotonic()
             self.on_updates(msg[1], msg[2], msg[3], forwarded=True)
         elif tag == P.SHARDS:
             for shard, owner in enumerate(msg[2]):
@@ -193,7 +193,7 @@ class Server(Process):
 
     def _forwarded(self, dest: str) -> None:
         """A request was just forwarded to ``dest``: partial recovery and retirement look back at this."""
-        self.last_forward[dest] = time.monotonic()
+        self.last_forward[dest] = clock.monotonic()
         self.forwarded_to.add(dest)
 
     def redirect_forwards(self, gone: set[str], owners: list[str]) -> None:
@@ -264,7 +264,7 @@ class Server(Process):
         there: then this server refuses, and the master restores the whole job from a full checkpoint. So it
         does when a lost server forwarded requests to it shortly before: the worker that asked the lost server
         sends them again, here, and an update would be applied twice."""
-        now = time.monotonic()
+        now = clock.monotonic()
         recent = sorted(d for d in lost if now - self.last_forward.get(d, now - FORWARD_SETTLE_S) < FORWARD_SETTLE_S)
         if recent:
             why = f"less than {FORWARD_SETTLE_S:.0f} s before: the workers cannot know what was answered"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections import defaultdict, deque
 from collections.abc import Hashable, Iterable
 from typing import Any
@@ -18,8 +17,8 @@ import cloudpickle
 import greenlet
 import zmq
 
+from . import clock, wire
 from . import protocol as P
-from . import wire
 from .api import Executor, held_input
 from .appload import load_executor_class, loaded_tokens
 from .cache import MISS, ParamCache, UpdateLog
@@ -117,7 +116,7 @@ class Worker(Process):
     def run(self, start_timeout: float = 600.0) -> None:
         self.send("master", (P.HELLO, "worker", {"address": self.endpoint.address, "app_tokens": loaded_tokens()}))
         self.await_welcome(start_timeout)
-        last_check = time.time()
+        last_check = clock.time()
         while self.running:
             if self.wait_for_messages(0 if self.runnable else 100):
                 for sender, msg in self.receive():
@@ -136,15 +135,15 @@ class Worker(Process):
                 self.finish_loads()
             if self.load_queue:
                 self.start_queued_loads()
-            if self.residency.budget is not None and time.time() >= self._next_enforce:
-                self._next_enforce = time.time() + 0.02
+            if self.residency.budget is not None and clock.time() >= self._next_enforce:
+                self._next_enforce = clock.time() + 0.02
                 self.enforce_budget()
             if self.drain_requested and not self.retiring and self.leave_on_request():
                 return
             if self.retiring and self.can_retire():
                 self.send("master", (P.RETIRED,))
                 return
-            now = time.time()
+            now = clock.time()
             if now - last_check > 1.0:
                 last_check = now
                 if not self.job_goes_on():
@@ -238,7 +237,7 @@ class Worker(Process):
                 return
             if self.pending[eid] or eid in self.moving or eid not in self.executors:
                 continue  # a task is queued, waiting or running for it: keep it (thesis §4.8.1)
-            if time.monotonic() < self._spill_retry_at:
+            if clock.monotonic() < self._spill_retry_at:
                 return
             try:
                 nbytes, seconds = res.evict(eid, self.executors[eid])
@@ -247,7 +246,7 @@ class Worker(Process):
                     self.memory_event("evict_failed", eid, 0, 0.0)
                     sys.stderr.write(f"litz: worker {self.ident}: cannot spill executor {eid} ({exc}); "
                                      "running over the memory budget, retrying every second\n")
-                self._spill_retry_at = time.monotonic() + 1.0
+                self._spill_retry_at = clock.monotonic() + 1.0
                 return
             if self._spill_retry_at:
                 self._spill_retry_at = 0.0
@@ -566,7 +565,7 @@ class Worker(Process):
 
     # -- micro-tasks ---------------------------------------------------------------------------------
     def run_slice(self) -> None:
-        deadline = time.perf_counter() + RUN_SLICE_S
+        deadline = clock.perf_counter() + RUN_SLICE_S
         runnable = self.runnable
         while runnable:
             task = runnable.popleft()
@@ -576,7 +575,7 @@ class Worker(Process):
                 task.glet.switch(task)
             else:
                 task.glet.switch()
-            if time.perf_counter() > deadline:
+            if clock.perf_counter() > deadline:
                 break
         self.current = None
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from typing import Any
+
+from .. import clock
 
 
 class FileLease:
@@ -22,7 +23,7 @@ class FileLease:
         self.refresh()
 
     def refresh(self) -> bool:
-        deadline = time.time() + self.ttl
+        deadline = clock.time() + self.ttl
         try:
             os.utime(self.path, (deadline, deadline))
             return True
@@ -54,7 +55,7 @@ class FileKV:
         if lease_id is None:
             return True
         try:
-            return os.stat(os.path.join(self.lease_dir, lease_id)).st_mtime >= time.time()
+            return os.stat(os.path.join(self.lease_dir, lease_id)).st_mtime >= clock.time()
         except FileNotFoundError:
             return False
 

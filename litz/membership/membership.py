@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from typing import Any
 
+from .. import clock
 from ..errors import LitzError
 from .kv import KV, Lease
 
@@ -67,7 +67,7 @@ class Membership:
 
     def register_master(self, info: dict) -> None:
         lease = self._start_keepalive()
-        info = {**info, "pid": os.getpid(), "host": os.uname().nodename, "started": time.time()}
+        info = {**info, "pid": os.getpid(), "host": os.uname().nodename, "started": clock.time()}
         if not self.kv.create(self.prefix + "master", info, lease):
             other = self.kv.get(self.prefix + "master") or {}
             raise LitzError(f"job {self.job!r} already has a master (pid {other.get('pid')} on "
@@ -77,7 +77,7 @@ class Membership:
         letter = {"worker": "w", "server": "s"}[role]
         taken = self.kv.get_prefix(self.prefix + "ids/")
         n = len([k for k in taken if k.rsplit("/", 1)[1].startswith(letter)])
-        while not self.kv.create(f"{self.prefix}ids/{letter}{n}", time.time()):
+        while not self.kv.create(f"{self.prefix}ids/{letter}{n}", clock.time()):
             n += 1
         return f"{letter}{n}"
 
@@ -119,14 +119,14 @@ class Membership:
         return self.kv.get(self.prefix + "members/" + ident)
 
     def wait_master(self, timeout: float) -> dict:
-        deadline = time.time() + timeout
+        deadline = clock.time() + timeout
         while True:
             info = self.master()
             if info:
                 return info
-            if time.time() > deadline:
+            if clock.time() > deadline:
                 raise LitzError(f"no master for job {self.job!r} appeared within {timeout:.0f} s")
-            time.sleep(0.1)
+            clock.sleep(0.1)
 
     # -- job-level values ----------------------------------------------------------------------------
     def put(self, name: str, value: Any, leased: bool = False) -> None:
@@ -142,7 +142,7 @@ class Membership:
     # -- requests from litzctl -----------------------------------------------------------------------
     def post_request(self, command: str, args: dict) -> str:
         rid = os.urandom(6).hex()
-        self.kv.put(f"{self.prefix}requests/{rid}", {"command": command, "args": args, "t": time.time()})
+        self.kv.put(f"{self.prefix}requests/{rid}", {"command": command, "args": args, "t": clock.time()})
         return rid
 
     def take_requests(self) -> list[tuple[str, dict]]:
@@ -159,17 +159,17 @@ class Membership:
 
     def wait_response(self, rid: str, timeout: float) -> dict | None:
         """The master's answer to a request; None on timeout. A job that ends meanwhile is an error."""
-        t0 = time.time()
+        t0 = clock.time()
         deadline = t0 + timeout
         next_alive_check = t0 + 1.0
-        while time.time() < deadline:
+        while clock.time() < deadline:
             resp = self.kv.get(f"{self.prefix}responses/{rid}")
             if resp is not None:
                 self.kv.delete(f"{self.prefix}responses/{rid}")
                 return resp
-            if time.time() > next_alive_check:
-                next_alive_check = time.time() + 1.0
+            if clock.time() > next_alive_check:
+                next_alive_check = clock.time() + 1.0
                 if self.master() is None:
                     raise LitzError(f"job {self.job!r} ended before answering")
-            time.sleep(0.01 if time.time() - t0 < 2.0 else 0.05)  # a woken master answers within milliseconds
+            clock.sleep(0.01 if clock.time() - t0 < 2.0 else 0.05)  # a woken master answers within milliseconds
         return None
