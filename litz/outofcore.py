@@ -24,7 +24,7 @@ import tempfile
 import zlib
 from collections import OrderedDict
 from collections.abc import MutableMapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,12 @@ import numpy as np
 from . import clock
 from .api import held_input
 from .errors import LitzError
+
+
+def background_pool(name: str) -> Executor:
+    """The one-thread pool that loads (and reads ahead) spilled executors. :mod:`litz.sim` replaces this
+    function with one whose pool runs each load at once, so a seed replays the same schedule."""
+    return ThreadPoolExecutor(1, thread_name_prefix=name)
 
 
 def state_bytes(obj: Any) -> int:
@@ -133,8 +139,8 @@ class Residency:
         self.inputs: dict[int, dict[str, tuple[Spilled, int]]] = {}
         self.loading: dict[int, Future] = {}
         self.dirty: set[int] = set()
-        self._pool: ThreadPoolExecutor | None = None
-        self._readahead: ThreadPoolExecutor | None = None
+        self._pool: Executor | None = None
+        self._readahead: Executor | None = None
         self._wake: tuple[int, int] | None = None  # a pipe the loader writes a byte to after each load
         root = spill_root or os.environ.get("LITZ_SPILL_DIR") or tempfile.gettempdir()
         self._root, self._owner = root, owner
@@ -216,12 +222,12 @@ class Residency:
     def start_load(self, eid: int) -> None:
         if eid in self.spilled and eid not in self.loading:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="litz-prefetch")
+                self._pool = background_pool("litz-prefetch")
                 self.wake_fd()
             kept = {a: rec for a, (rec, _) in self.inputs.get(eid, {}).items()}
             if kept:
                 if self._readahead is None:  # its own thread: the call blocks while it queues the reads
-                    self._readahead = ThreadPoolExecutor(1, thread_name_prefix="litz-readahead")
+                    self._readahead = background_pool("litz-readahead")
                 self._readahead.submit(_will_need, list(kept.values()))
             self.loading[eid] = self._pool.submit(_read, self.spilled[eid], kept)
             self.loading[eid].add_done_callback(self._signal)

@@ -16,7 +16,9 @@ from .membership import Membership
 
 
 def resident_bytes() -> int:
-    """This process's resident memory (for status and memory budgets)."""
+    """This process's resident memory (for status and memory budgets). Workers and servers call it as
+    ``process.resident_bytes()``: :mod:`litz.sim`, which runs many of them in one interpreter, gives them a
+    fixed reading instead."""
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

@@ -19,13 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from . import clock
+from . import clock, process
 from . import protocol as P
 from .cache import add_into
 from .checkpoint import read_part, shard_part, sync_filesystem, write_part
 from .errors import LitzError
 from .outofcore import ShardTables
-from .process import Process, resident_bytes
+from .process import Process
 from .scar import RunningCheckpoint, load_running_shard
 
 # A request this server forwarded to another is answered by that one within milliseconds; one forwarded to
@@ -76,8 +76,8 @@ class Server(Process):
                 self.send("master", (P.STATS, self.stats()))
 
     def stats(self) -> dict:
-        return {"rss": resident_bytes(), "state_bytes": self.shards.resident_bytes(), "budget": self.shards.budget,
-                "evicted": sorted(self.shards.residency.spilled)}
+        return {"rss": process.resident_bytes(), "state_bytes": self.shards.resident_bytes(),
+                "budget": self.shards.budget, "evicted": sorted(self.shards.residency.spilled)}
 
     def handle(self, sender: str, msg: tuple) -> None:
         tag = msg[0]

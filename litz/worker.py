@@ -17,7 +17,7 @@ import cloudpickle
 import greenlet
 import zmq
 
-from . import clock, wire
+from . import clock, process, wire
 from . import protocol as P
 from .api import Executor, held_input
 from .appload import load_executor_class, loaded_tokens
@@ -26,7 +26,7 @@ from .checkpoint import executor_part, read_part, sync_filesystem, write_part
 from .errors import LitzError, describe_app_exception
 from .keys import ShardMap
 from .outofcore import Residency
-from .process import Process, resident_bytes
+from .process import Process
 
 RUN_SLICE_S = 0.02  # longest stretch of task execution between two looks at the network
 # Update-log flushes awaiting acknowledgement at once. With one, the next flush waits a whole round trip
@@ -104,7 +104,7 @@ class Worker(Process):
         self.load_queue: dict[int, None] = {}  # spilled executors with a task, waiting for room to load
         self._poller: tuple[zmq.Poller, int] | None = None  # the endpoint and the loads' wake-up pipe
         self.residency = Residency(self.ident)
-        self.baseline_rss = resident_bytes()
+        self.baseline_rss = process.resident_bytes()
         self._next_enforce = 0.0
         self._spill_retry_at = 0.0  # after a failed eviction (disk full, not writable): when to try again
         self.next_rid = 0
@@ -219,7 +219,7 @@ class Worker(Process):
 
     def stats(self) -> dict:
         res = self.residency
-        return {"rss": resident_bytes(), "executors": len(self.executors) + len(res.spilled),
+        return {"rss": process.resident_bytes(), "executors": len(self.executors) + len(res.spilled),
                 "cache_keys": len(self.cache), "tasks_run": self.tasks_run, "budget": res.budget,
                 "state_bytes": res.resident(), "evicted": sorted(res.spilled)}
 
@@ -257,7 +257,7 @@ class Worker(Process):
     def enforce_budget(self) -> None:
         self.evict_idle()
         budget = self.residency.budget
-        if budget is not None and resident_bytes() - self.baseline_rss > 1.5 * budget + (64 << 20):
+        if budget is not None and process.resident_bytes() - self.baseline_rss > 1.5 * budget + (64 << 20):
             self.evict_idle(everything=True)  # the process grew beyond what the accounting sees
 
     def wait_for_messages(self, timeout_ms: float) -> bool:

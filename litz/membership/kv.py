@@ -6,6 +6,8 @@ from typing import Any, Protocol
 
 class Lease(Protocol):
     ttl: float
+    # True: the registry itself keeps the lease while its owner lives (litz.sim), so no keep-alive thread runs
+    renews_itself: bool = False
 
     def refresh(self) -> bool:
         """Extend the lease; False if it had already expired (the process counts as lost)."""

@@ -37,10 +37,12 @@ def connect_kv(etcd: str | None = None, home: str | None = None) -> KV:
 
 
 class Membership:
-    def __init__(self, kv: KV, job: str, ttl: float = DEFAULT_TTL):
+    def __init__(self, kv: KV, job: str, ttl: float = DEFAULT_TTL, pid: int | None = None):
+        """``pid``: the process id to register under (default: this process's; a simulation runs many in one)."""
         if not job or "/" in job:
             raise LitzError(f"bad job name {job!r}")
         self.kv, self.job, self.ttl = kv, job, ttl
+        self.pid = pid or os.getpid()
         self.prefix = f"litz/jobs/{job}/"
         self._lease: Lease | None = None
         self._keeper: threading.Thread | None = None
@@ -52,6 +54,8 @@ class Membership:
     def _start_keepalive(self) -> Lease:
         if self._lease is None:
             self._lease = self.kv.lease(self.ttl)
+            if getattr(self._lease, "renews_itself", False):  # a simulated registry keeps it while we live
+                return self._lease
             self._keeper = threading.Thread(target=self._keepalive, name="litz-lease", daemon=True)
             self._keeper.start()
         return self._lease
@@ -67,7 +71,7 @@ class Membership:
 
     def register_master(self, info: dict) -> None:
         lease = self._start_keepalive()
-        info = {**info, "pid": os.getpid(), "host": os.uname().nodename, "started": clock.time()}
+        info = {**info, "pid": self.pid, "host": os.uname().nodename, "started": clock.time()}
         if not self.kv.create(self.prefix + "master", info, lease):
             other = self.kv.get(self.prefix + "master") or {}
             raise LitzError(f"job {self.job!r} already has a master (pid {other.get('pid')} on "
@@ -83,7 +87,7 @@ class Membership:
 
     def register(self, role: str, ident: str, info: dict) -> None:
         lease = self._start_keepalive()
-        info = {**info, "role": role, "id": ident, "pid": os.getpid(), "host": os.uname().nodename}
+        info = {**info, "role": role, "id": ident, "pid": self.pid, "host": os.uname().nodename}
         self.kv.put(self.prefix + "members/" + ident, info, lease)
         self._registered = ident
 
