@@ -93,7 +93,9 @@ class Master(Process):
                  spawn: Callable[[str], Any] | None = None, checkpoint_dir: str | None = None,
                  checkpoint_every: float | None = None, checkpoint_keep: int = 3, resume: bool = False,
                  partial_recovery: bool = False, priority_checkpoint: float | None = None,
-                 memory_limit: int | None = None, **endpoint: Any):
+                 memory_limit: int | None = None, wake: bool = True, **endpoint: Any):
+        """``wake``: open the UDP socket litzctl pings (see :func:`open_wake_socket`); without it requests are
+        polled only. ``endpoint``: :class:`litz.process.Process`'s listen address arguments."""
         super().__init__("master", membership, secret, **endpoint)
         self.app = app
         self.config = config
@@ -150,7 +152,7 @@ class Master(Process):
         self.history: list[dict] = []  # status samples over time, for litzctl plot
         self.resume = resume
         self.wake_host = listen_host(self.listen)
-        self.wake = open_wake_socket(endpoint.get("bind_host") or self.wake_host)
+        self.wake = open_wake_socket(endpoint.get("bind_host") or self.wake_host) if wake else None
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def register(self) -> None:
