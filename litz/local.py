@@ -18,8 +18,9 @@ import tempfile
 import time
 from typing import Any
 
-from . import roles, server, shmring, worker  # noqa: F401 (see below)
+from . import localtransport, roles, server, shmring, worker  # noqa: F401 (see below)
 from .cli import litz as _cli  # noqa: F401
+from .endpoint import listen_address
 from .errors import LitzError
 from .forkserver import ForkServer
 from .job import JOB_OPTIONS, default_name, positive_int, resolve_app, run_job
@@ -30,6 +31,7 @@ from .transport import ring_prefix
 
 # roles, server, worker and the command line above are what a forked child runs and this process does not:
 # imported here, once per launcher, each fork starts with them (9 ms of imports a child, greenlet among them).
+# So does the unix:// carrier (litz.localtransport), which litz.endpoint would otherwise import in every child.
 
 # One process per core is the model; BLAS threads in every worker would oversubscribe the cores (small
 # matrix products ran ~50x slower here). A user's own setting in the environment wins.
@@ -181,7 +183,7 @@ def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = No
 
         return run_job(app, membership, secret, config=config, executors=executors, min_workers=workers,
                        min_servers=servers, supervise=children.dead, spawn=children.start,
-                       on_registered=start_children, on_exit=children.stop, local_dir=children.local_dir,
-                       **options)
+                       on_registered=start_children, on_exit=children.stop,
+                       listen=listen_address(local_dir=children.local_dir), **options)
     finally:
         children.close_forks()  # when the job never started its children (refused, bad etcd address)

@@ -9,7 +9,7 @@ dispatch, fetch, flush, acknowledgement and completion, so ``litz run`` (a ``loc
 jobs across hosts keep ZeroMQ (TCP, CURVE, heartbeats). ``LITZ_TRANSPORT=zmq`` makes a one-machine job use
 ZeroMQ too (the baseline of ``bench/local_transport.py``).
 
-Everything above the carrier is :class:`litz.transport.Endpoint`'s: messages as frame lists (a pickle header,
+Everything above the carrier is :class:`litz.transport.ZmqEndpoint`'s: messages as frame lists (a pickle header,
 then out-of-band buffers), per-peer FIFO order, shared-memory rings for large frames, the hello and ring
 handshakes, :meth:`unreachable` for watched peers.
 
@@ -30,9 +30,11 @@ import socket
 import struct
 import time
 from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
-from .transport import Endpoint
+from .endpoint import register_carrier
+from .transport import ZmqEndpoint
 
 CHUNK_BYTES = 256 << 10  # a connection's read buffer: many small messages arrive in one recv
 BIG_FRAME_BYTES = 64 << 10  # an incomplete frame larger than this is read into its own buffer, not the chunk
@@ -74,7 +76,7 @@ class _Incoming:
         self.big_have = 0
 
 
-class LocalEndpoint(Endpoint):
+class LocalEndpoint(ZmqEndpoint):
     def __init__(self, ident: str, secret: str, local_dir: str, watch: bool = False):
         self.ident = ident
         self._watch_all = watch
@@ -91,9 +93,7 @@ class LocalEndpoint(Endpoint):
         self._epoll.register(self._listener.fileno(), select.EPOLLIN)
         self._by_fd: dict[int, Any] = {self._listener.fileno(): self._listener}
         self._ready: deque[tuple[str, list]] = deque()
-        # what a caller with its own poller (the master, a worker waiting for a load) waits on: readable
-        # whenever a connection has bytes or room for queued ones
-        self.router = self._epoll.fileno()
+        self._waiter: tuple[tuple[int, ...], Any] | None = None  # wait()'s poll object and its extra fds
 
     # -- peers ---------------------------------------------------------------------------------------
     def connect(self, peer: str, address: str, watch: bool | None = None) -> None:
@@ -212,6 +212,30 @@ class LocalEndpoint(Endpoint):
                 return True
             if time.monotonic() >= deadline:
                 return False
+
+    def wait(self, timeout_ms: float, fds: Iterable[int] = ()) -> tuple[bool, set[int]]:
+        fds = tuple(fds)
+        if not fds:
+            return self.poll(timeout_ms), set()
+        if self._waiter is None or self._waiter[0] != fds:  # polled by number: a reused fd number is fine
+            poller = select.poll()
+            poller.register(self._epoll.fileno(), select.POLLIN)  # readable while any socket has an event
+            for fd in fds:
+                poller.register(fd, select.POLLIN)
+            self._waiter = (fds, poller)
+        poller, own = self._waiter[1], self._epoll.fileno()
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        while True:
+            left = 0.0 if self._ready else max(0.0, deadline - time.monotonic())
+            try:
+                events = poller.poll(left * 1000.0)
+            except InterruptedError:
+                events = []
+            readable = {fd for fd, _ in events if fd != own}
+            if any(fd == own for fd, _ in events):
+                self._pump(0.0)  # accept, read and write; a message may still be incomplete
+            if self._ready or readable or time.monotonic() >= deadline:
+                return bool(self._ready), readable
 
     def _next_incoming(self) -> tuple[str, list] | None:
         if not self._ready:
@@ -349,10 +373,13 @@ class LocalEndpoint(Endpoint):
             pass
 
 
-def open_endpoint(ident: str, secret: str, host: str = "127.0.0.1", port: int = 0, bind_host: str | None = None,
-                  watch: bool = False, local_dir: str | None = None) -> Endpoint:
-    """A one-machine job's endpoint is a :class:`LocalEndpoint` (``LITZ_TRANSPORT=zmq``, or no epoll as on
-    macOS: ZeroMQ's ``ipc://``); any other is ZeroMQ over TCP with CURVE."""
-    if local_dir is not None and os.environ.get("LITZ_TRANSPORT", "unix") != "zmq" and hasattr(select, "epoll"):
-        return LocalEndpoint(ident, secret, local_dir, watch=watch)
-    return Endpoint(ident, secret, host=host, port=port, bind_host=bind_host, watch=watch, local_dir=local_dir)
+def _open_unix(ident: str, secret: str, where: str, *, watch: bool = False,
+               bind_host: str | None = None) -> ZmqEndpoint:
+    """``unix://DIR``: a :class:`LocalEndpoint` with its socket in DIR (``LITZ_TRANSPORT=zmq``, or no epoll as on
+    macOS: ZeroMQ's ``ipc://`` there). ``bind_host`` means nothing without a network and is ignored."""
+    if os.environ.get("LITZ_TRANSPORT", "unix") != "zmq" and hasattr(select, "epoll"):
+        return LocalEndpoint(ident, secret, where, watch=watch)
+    return ZmqEndpoint(ident, secret, watch=watch, local_dir=where)
+
+
+register_carrier("unix", _open_unix)

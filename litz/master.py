@@ -18,12 +18,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
-import zmq
 
 from . import clock
 from . import protocol as P
 from .appload import App
 from .checkpoint import CheckpointStore
+from .endpoint import listen_host
 from .errors import LitzError, app_code, app_error
 from .joblog import JobLog, check_json
 from .membership import Membership
@@ -93,7 +93,9 @@ class Master(Process):
                  spawn: Callable[[str], Any] | None = None, checkpoint_dir: str | None = None,
                  checkpoint_every: float | None = None, checkpoint_keep: int = 3, resume: bool = False,
                  partial_recovery: bool = False, priority_checkpoint: float | None = None,
-                 memory_limit: int | None = None, **endpoint: Any):
+                 memory_limit: int | None = None, wake: bool = True, **endpoint: Any):
+        """``wake``: open the UDP socket litzctl pings (see :func:`open_wake_socket`); without it requests are
+        polled only. ``endpoint``: :class:`litz.process.Process`'s listen address arguments."""
         super().__init__("master", membership, secret, **endpoint)
         self.app = app
         self.config = config
@@ -149,8 +151,8 @@ class Master(Process):
         self.memory_limit = memory_limit  # per worker, for executor state (out-of-core beyond it)
         self.history: list[dict] = []  # status samples over time, for litzctl plot
         self.resume = resume
-        self.wake_host = endpoint.get("host", "127.0.0.1")
-        self.wake = open_wake_socket(endpoint.get("bind_host") or self.wake_host)
+        self.wake_host = listen_host(self.listen)
+        self.wake = open_wake_socket(endpoint.get("bind_host") or self.wake_host) if wake else None
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def register(self) -> None:
@@ -188,15 +190,11 @@ class Master(Process):
             self.place_and_create()
             self.start_driver()
         last_check = last_status = last_requests = last_losses = clock.time()
-        router = self.endpoint.router
-        poller = zmq.Poller()
-        poller.register(router, zmq.POLLIN)
         wake_fd = self.wake.fileno() if self.wake is not None else None
-        if wake_fd is not None:
-            poller.register(wake_fd, zmq.POLLIN)
+        fds = () if wake_fd is None else (wake_fd,)
         while not self.finished:
-            ready = dict(poller.poll(100))
-            if router in ready:
+            messages, ready = self.endpoint.wait(100, fds)
+            if messages:
                 for sender, msg in self.receive():
                     self.handle(sender, msg)
                     if self.finished:

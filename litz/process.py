@@ -10,8 +10,8 @@ from typing import Any
 
 from . import clock
 from . import protocol as P
+from .endpoint import listen_address, open_endpoint
 from .errors import LitzError
-from .localtransport import open_endpoint
 from .membership import Membership
 
 
@@ -83,12 +83,15 @@ class Process:
     borrows_frames = False
     watches_peers = False  # its endpoint follows every connection it makes (Endpoint.unreachable)
 
-    def __init__(self, ident: str, membership: Membership, secret: str, host: str = "127.0.0.1",
-                 port: int = 0, bind_host: str | None = None, local_dir: str | None = None):
+    def __init__(self, ident: str, membership: Membership, secret: str, listen: str | None = None, *,
+                 bind_host: str | None = None, host: str = "127.0.0.1", port: int = 0, local_dir: str | None = None):
+        """``listen``: where the endpoint listens, ``scheme://...`` (:func:`litz.endpoint.open_endpoint`); without
+        it, ``unix://local_dir`` for a one-machine job, else ``tcp://host:port``. ``bind_host``: for ``tcp://``."""
         self.ident = ident
         self.membership = membership
-        self.endpoint = open_endpoint(ident, secret, host=host, port=port, bind_host=bind_host,
-                                      watch=self.watches_peers, local_dir=local_dir)
+        self.listen = listen or listen_address(host, port, local_dir)
+        options = {"bind_host": bind_host} if bind_host else {}
+        self.endpoint = open_endpoint(ident, secret, self.listen, watch=self.watches_peers, **options)
         self.pid = os.getpid()
         self.epoch = 0
         self._future: list[tuple[str, int, Any]] = []

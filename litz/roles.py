@@ -5,6 +5,7 @@ import os
 import signal
 import time
 
+from .endpoint import listen_address
 from .errors import LitzError
 from .membership import Membership, connect_kv
 from .process import die_with_parent, tune_malloc
@@ -56,8 +57,8 @@ def serve(role: str, name: str, *, etcd: str | None = None, home: str | None = N
     ident = ident or membership.allocate_id(role)
     cls = Worker if role == "worker" else Server
     # a child of `litz run` (litz.local): every process of its job is on this machine
-    proc = cls(ident, membership, secret, host=host, bind_host=bind_host, port=port,
-               local_dir=os.environ.get("LITZ_LOCAL_DIR") or None)
+    listen = listen_address(host, port, os.environ.get("LITZ_LOCAL_DIR") or None)
+    proc = cls(ident, membership, secret, listen, bind_host=bind_host)
     if role == "server":
         if memory_limit is not None:
             proc.shards.budget = memory_limit

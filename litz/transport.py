@@ -1,7 +1,8 @@
 """Point-to-point messaging between the processes of one job, over ZeroMQ: TCP with CURVE between hosts,
 Unix sockets within a one-machine job.
 
-Each process owns one :class:`Endpoint`: a ROUTER socket it binds and receives on, and one DEALER per
+Each process owns one :class:`ZmqEndpoint` (a :class:`litz.endpoint.Endpoint`, opened for ``tcp://`` listen
+addresses): a ROUTER socket it binds and receives on, and one DEALER per
 peer it sends to (routing id = its own process id). Receiving on one socket keeps every event loop a
 single poll; sending on per-peer DEALERs keeps each peer's messages in order.
 
@@ -12,8 +13,8 @@ host, no ``/dev/shm``), and until it accepts every frame travels inline. ``LITZ_
 
 A one-machine job (``local_dir``) binds Unix sockets in a directory only its user can enter, and leaves
 CURVE off: the directory's permissions keep strangers out as the keys would. It uses
-:class:`litz.localtransport.LocalEndpoint`, which keeps everything here but the carrier (no ZeroMQ I/O
-threads); ``LITZ_TRANSPORT=zmq`` gives it this class over ZeroMQ's ``ipc://`` instead.
+:class:`litz.localtransport.LocalEndpoint` (``unix://`` listen addresses), which keeps everything here but the
+carrier (no ZeroMQ I/O threads); ``LITZ_TRANSPORT=zmq`` gives it this class over ZeroMQ's ``ipc://`` instead.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import pickle
 import struct
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,8 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from . import shmring, wire
+from .endpoint import Endpoint, register_carrier
+from .errors import LitzError
 from .security import Authenticator, curve_keypair
 
 HIGH_WATER_MARK = 1_000_000
@@ -72,7 +75,7 @@ class _Watch:
     reported: bool = False
 
 
-class Endpoint:
+class ZmqEndpoint(Endpoint):
     def __init__(self, ident: str, secret: str, host: str = "127.0.0.1", port: int = 0,
                  bind_host: str | None = None, watch: bool = False, local_dir: str | None = None):
         """``local_dir``: every peer is a process of this machine and user; bind a Unix socket there, no CURVE."""
@@ -101,6 +104,7 @@ class Endpoint:
                 port = self.router.bind_to_random_port(f"tcp://{bind}")
             self.address = f"tcp://{host}:{port}"
         self._watches: dict[str, _Watch] = {}  # watched peers' connections
+        self._waiter: tuple[tuple[int, ...], zmq.Poller] | None = None  # wait()'s poller and its extra fds
         self._init_peers(secret, host)
 
     def _init_peers(self, secret: str, host: str) -> None:
@@ -311,6 +315,17 @@ class Endpoint:
     def poll(self, timeout_ms: float) -> bool:
         return bool(self.router.poll(timeout_ms))
 
+    def wait(self, timeout_ms: float, fds: Iterable[int] = ()) -> tuple[bool, set[int]]:
+        fds = tuple(fds)
+        if self._waiter is None or self._waiter[0] != fds:  # polled by number: a reused fd number is fine
+            poller = zmq.Poller()
+            poller.register(self.router, zmq.POLLIN)
+            for fd in fds:
+                poller.register(fd, zmq.POLLIN)
+            self._waiter = (fds, poller)
+        events = dict(self._waiter[1].poll(timeout_ms))
+        return self.router in events, {fd for fd in fds if fd in events}
+
     def drain(self, limit: int = 10_000, borrow: bool = False) -> Iterator[tuple[str, Any]]:
         """Yield ``(sender, message)`` for everything already received (up to ``limit``).
 
@@ -369,3 +384,15 @@ class Endpoint:
         self._peers.clear()
         self.router.close(linger=0)
         self.context.term()
+
+
+def _open_tcp(ident: str, secret: str, where: str, *, watch: bool = False,
+              bind_host: str | None = None) -> ZmqEndpoint:
+    """``tcp://HOST:PORT``: peers reach it at HOST (it binds ``bind_host`` if given); PORT 0 takes a random one."""
+    host, _, port = where.rpartition(":")
+    if not host or not port.isdigit():
+        raise LitzError(f"cannot listen at 'tcp://{where}': a TCP address is tcp://HOST:PORT")
+    return ZmqEndpoint(ident, secret, host=host, port=int(port), bind_host=bind_host, watch=watch)
+
+
+register_carrier("tcp", _open_tcp)

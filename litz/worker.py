@@ -15,7 +15,6 @@ from typing import Any
 
 import cloudpickle
 import greenlet
-import zmq
 
 from . import clock, process, wire
 from . import protocol as P
@@ -102,7 +101,6 @@ class Worker(Process):
         self.pending: dict[int, int] = defaultdict(int)  # eid -> tasks queued, waiting for a load, or running
         self.waiting_load: dict[int, list[Task]] = defaultdict(list)
         self.load_queue: dict[int, None] = {}  # spilled executors with a task, waiting for room to load
-        self._poller: tuple[zmq.Poller, int] | None = None  # the endpoint and the loads' wake-up pipe
         self.residency = Residency(self.ident)
         self.baseline_rss = process.resident_bytes()
         self._next_enforce = 0.0
@@ -265,17 +263,12 @@ class Worker(Process):
         res = self.residency
         if not res.loading or not timeout_ms:
             return self.endpoint.poll(timeout_ms)
-        fd = res.wake_fd()
-        if self._poller is None or self._poller[1] != fd:  # a restore makes a new Residency
-            poller = zmq.Poller()
-            poller.register(self.endpoint.router, zmq.POLLIN)
-            poller.register(fd, zmq.POLLIN)
-            self._poller = (poller, fd)
+        fd = res.wake_fd()  # a restore makes a new Residency: asked each time
         res.clear_wake()
         if not any(f.done() for f in res.loading.values()):
-            events = dict(self._poller[0].poll(timeout_ms))
+            messages, _ = self.endpoint.wait(timeout_ms, (fd,))
             res.clear_wake()
-            return self.endpoint.router in events
+            return messages
         return self.endpoint.poll(0)
 
     def prefetch(self, eid: int) -> None:

@@ -15,7 +15,7 @@ from litz import wire
 from litz.local import SOCKET_DIR_PREFIX
 from litz.membership import Membership, connect_kv
 from litz.security import curve_keypair
-from litz.transport import Endpoint
+from litz.transport import ZmqEndpoint
 from tests.helpers import Processes, app_path, wait_for
 
 
@@ -37,8 +37,8 @@ def attacker_socket(ctx, address, mode):
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("mode", ["plain", "wrong-key", "server-key-only"])
 def test_endpoint_rejects_strangers(mode):
-    victim = Endpoint("victim", "job-secret")
-    friend = Endpoint("friend", "job-secret")
+    victim = ZmqEndpoint("victim", "job-secret")
+    friend = ZmqEndpoint("friend", "job-secret")
     ctx = zmq.Context()
     try:
         evil = attacker_socket(ctx, victim.address, mode)

@@ -10,13 +10,13 @@ import time
 import pytest
 
 from litz import transport
-from litz.transport import Endpoint
+from litz.transport import ZmqEndpoint
 from tests.helpers import ROOT, free_port
 
 PEER = textwrap.dedent("""
     import sys, time
-    from litz.transport import Endpoint
-    ep = Endpoint("peer", "job-secret", port=int(sys.argv[1]))
+    from litz.transport import ZmqEndpoint
+    ep = ZmqEndpoint("peer", "job-secret", port=int(sys.argv[1]))
     ep.connect("master", sys.argv[2])
     print("up", flush=True)
     while True:
@@ -30,7 +30,7 @@ PEER = textwrap.dedent("""
 """)
 
 
-def start_peer(port: int, master: Endpoint) -> subprocess.Popen:
+def start_peer(port: int, master: ZmqEndpoint) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", PEER, str(port), master.address], cwd=ROOT,
                             stdout=subprocess.PIPE, text=True, start_new_session=True)
     assert proc.stdout.readline().strip() == "up"
@@ -45,7 +45,7 @@ def stop(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def echo(ep: Endpoint, timeout: float = 10.0, msg: tuple = ("ping",)) -> None:
+def echo(ep: ZmqEndpoint, timeout: float = 10.0, msg: tuple = ("ping",)) -> None:
     """A round trip through the watched connection: its handshake is done."""
     ep.send("peer", msg)
     deadline = time.time() + timeout
@@ -61,7 +61,7 @@ def test_a_killed_peer_is_unreachable_and_a_busy_or_restarted_one_is_not(monkeyp
     monkeypatch.setattr(transport, "HEARTBEAT_IVL_MS", 100)  # short, so that a busy peer would trip them
     monkeypatch.setattr(transport, "HEARTBEAT_TIMEOUT_MS", 1000)
     port = free_port()
-    ep = Endpoint("master", "job-secret")
+    ep = ZmqEndpoint("master", "job-secret")
     peers = [start_peer(port, ep)]
     try:
         ep.connect("peer", f"tcp://127.0.0.1:{port}", watch=True)
@@ -98,7 +98,7 @@ def test_a_peer_that_stops_answering_is_unreachable(monkeypatch):
     monkeypatch.setattr(transport, "HEARTBEAT_IVL_MS", 100)
     monkeypatch.setattr(transport, "HEARTBEAT_TIMEOUT_MS", 1000)
     port = free_port()
-    ep = Endpoint("master", "job-secret")
+    ep = ZmqEndpoint("master", "job-secret")
     peer = start_peer(port, ep)
     try:
         ep.connect("peer", f"tcp://127.0.0.1:{port}", watch=True)

@@ -8,13 +8,13 @@ import pytest
 
 import litz
 from litz import shmring
-from litz.transport import RING_BYTES, Endpoint, ring_prefix
+from litz.transport import RING_BYTES, ZmqEndpoint, ring_prefix
 from tests.helpers import ROOT
 
 MIB = 1 << 20
 
 
-def receive(ep: Endpoint, n: int, timeout: float = 5.0) -> list:
+def receive(ep: ZmqEndpoint, n: int, timeout: float = 5.0) -> list:
     got, deadline = [], time.time() + timeout
     while len(got) < n and time.time() < deadline:
         if ep.poll(20):
@@ -22,14 +22,14 @@ def receive(ep: Endpoint, n: int, timeout: float = 5.0) -> list:
     return got
 
 
-def pump(ep: Endpoint, seconds: float = 0.3) -> None:
+def pump(ep: ZmqEndpoint, seconds: float = 0.3) -> None:
     """Let ``ep`` handle control messages (ring answers) that reached it."""
     assert receive(ep, 1, seconds) == []
 
 
 @pytest.fixture
 def pair():
-    a, b = Endpoint("a", "job-secret"), Endpoint("b", "job-secret")
+    a, b = ZmqEndpoint("a", "job-secret"), ZmqEndpoint("b", "job-secret")
     a.connect("b", b.address)
     b.connect("a", a.address)
     yield a, b
@@ -171,7 +171,7 @@ def test_rings_are_offered_on_connect_and_the_answering_connection_is_watched():
     """A ring is offered as soon as a connection is made, so the first large frame already uses it. The peer
     connects back to answer the offer; an endpoint that watches its peers (the master's) watches that
     connection too, since it is the one a later connect to the same address keeps."""
-    a, b = Endpoint("a", "job-secret", watch=True), Endpoint("b", "job-secret")
+    a, b = ZmqEndpoint("a", "job-secret", watch=True), ZmqEndpoint("b", "job-secret")
     try:
         b.connect("a", a.address)  # offers b -> a
         pump(a)  # a connects back to answer (and offers a -> b)
