@@ -1,0 +1,138 @@
+"""The app every simulated schedule runs: small tasks whose reads prove the consistency rule.
+
+Each executor runs ``rounds`` tasks one after another (the driver dispatches the next when the last
+completes). Task ``r`` of executor ``e`` reads a few counter keys, adds one to each, and reports what it
+read. The driver knows, for every key, how many completed tasks wrote it before each dispatch and how many
+tasks that write it were dispatched at all, so every read is checked against both bounds:
+
+- at least the writes of every task completed before the reader's dispatch (the consistency rule);
+- at most the writes of every task dispatched before the reader completed (nothing applied twice).
+
+Executor state (``ran``) must equal the tasks the driver saw complete for it: it survived moves, evictions
+and recoveries intact. Input data (``data``, fixed, and ``tag``, re-assigned by every task) must be what the
+executor last held, or freshly loaded, never an older assignment. Violations go
+to :mod:`litz.sim.checks`, outside the driver, so that a recovery (which rolls the driver back) cannot hide
+them.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+import litz
+from litz.sim import checks
+
+WIDTH = 3  # entries per counter: all must agree (a torn or partial update shows)
+
+
+def keys_of(executor: int, round_: int, num_keys: int) -> list:
+    """The keys task ``round_`` of ``executor`` reads and writes: its own, and two shared ones."""
+    a = (executor * 7 + round_ * 3) % num_keys
+    b = (executor * 5 + round_ * 11 + 1) % num_keys
+    return [("own", executor), ("k", a)] + ([("k", b)] if b != a else [])
+
+
+class CheckDriver(litz.Driver):
+    def dispatch_initial_tasks(self) -> None:
+        self.rounds = int(self.config.get("rounds", 10))
+        self.num_keys = int(self.config.get("keys", 8))
+        self.done = [0] * self.num_executors
+        self.completed: dict = defaultdict(int)  # key -> writes by completed tasks
+        self.dispatched: dict = defaultdict(int)  # key -> writes by dispatched tasks
+        for e in range(self.num_executors):
+            self.send(e)
+
+    def send(self, e: int) -> None:
+        r = self.done[e]
+        keys = keys_of(e, r, self.num_keys)
+        for k in keys:
+            self.dispatched[k] += 1
+        self.dispatch_task(e, (r, keys, [self.completed[k] for k in keys]))
+
+    def handle_task_completion(self, result: tuple) -> None:
+        if result[0] == "verify":
+            self.verified(*result[1:])
+            return
+        e, r, ran, reads, lows = result
+        if r != self.done[e]:
+            checks.violation(f"executor {e}: completion of round {r}, expected round {self.done[e]}")
+        if ran != r:
+            checks.violation(f"executor {e} round {r}: executor state says {ran} tasks ran before it")
+        for (k, value), low in zip(reads, lows, strict=True):
+            if value < low:
+                checks.violation(f"consistency: executor {e} round {r} read {k} = {value}, but {low} writes "
+                                  "had completed before its dispatch")
+            if value > self.dispatched[k] - 1:  # its own write is not yet applied when it reads
+                checks.violation(f"double apply: executor {e} round {r} read {k} = {value}, only "
+                                  f"{self.dispatched[k] - 1} other writes were ever dispatched")
+        for k, _ in reads:
+            self.completed[k] += 1
+        self.done[e] += 1
+        if self.done[e] < self.rounds:
+            self.send(e)
+        elif all(d >= self.rounds for d in self.done):
+            self.verify()
+
+    def verify(self) -> None:
+        """Nothing is in flight now: every executor reads every key, and each must be exactly the writes of the
+        completed tasks (nothing lost, nothing applied twice), through each worker's cache."""
+        keys = [("own", e) for e in range(self.num_executors)] + [("k", j) for j in range(self.num_keys)]
+        self.verifying = self.num_executors
+        for e in range(self.num_executors):
+            self.dispatch_task(e, ("verify", keys, [self.completed[k] for k in keys]))
+
+    def verified(self, e: int, reads: list, expected: list) -> None:
+        for (k, value), n in zip(reads, expected, strict=True):
+            if value != n:
+                checks.violation(f"total: executor {e} read {k} = {value} at the end, {n} writes completed")
+        self.verifying -= 1
+        if not self.verifying:
+            self.finish({"tasks": sum(self.done)})
+
+
+class CheckExecutor(litz.Executor):
+    input_attrs = ("data", "tag")
+
+    def __init__(self) -> None:
+        self.ran = 0
+        self.last_tag = -1
+
+    def load_input(self) -> None:
+        self.data = np.arange(64, dtype=np.int64) + 1000 * self.executor_id
+        self.tag = np.full(4, -1, dtype=np.int64)
+
+    def run_task(self, args: tuple) -> tuple:
+        r, keys, lows = args
+        e = self.executor_id
+        if r == "verify":
+            return "verify", e, self.read(keys, r), lows
+        if not np.array_equal(self.data, np.arange(64, dtype=np.int64) + 1000 * e):
+            checks.violation(f"executor {e} round {r}: input data changed")
+        tag = int(self.tag[0])
+        # -1: loaded afresh (after a drain, or a recovery that had to reload); later than the state's own
+        # last assignment: a recovery rolled the state back and kept the input in memory (read-only by contract,
+        # so it need not be reloaded); earlier: an older assignment came back, stale
+        if tag != -1 and tag < self.last_tag:
+            checks.violation(f"executor {e} round {r}: input tag is {tag}, last assigned {self.last_tag}")
+        ran = self.ran
+        reads = self.read(keys, r)
+        self.ps_update_many((k, np.ones(WIDTH, dtype=np.int64)) for k in keys)
+        self.ran = ran + 1
+        self.last_tag = self.ran
+        self.tag = np.full(4, self.ran, dtype=np.int64)  # a new object each task: the out-of-core id trap
+        return e, r, ran, reads, lows
+
+    def read(self, keys: list, r: object) -> list:
+        e = self.executor_id
+        reads = []
+        for k, v in zip(keys, self.ps_get_many(keys), strict=True):
+            if v is None:
+                reads.append((k, 0))
+                continue
+            if isinstance(v, np.ndarray) and v.flags.writeable:
+                checks.violation(f"executor {e} round {r}: ps_get({k}) returned a writable array")
+            if not np.all(v == v[0]):
+                checks.violation(f"executor {e} round {r}: {k} has torn entries {v.tolist()}")
+            reads.append((k, int(v[0])))
+        return reads

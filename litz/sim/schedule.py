@@ -1,0 +1,237 @@
+"""One simulated schedule: a job of the check app on the real master, workers and servers, random
+elasticity and faults on simulated time, and the checks that must hold at the end."""
+from __future__ import annotations
+
+import contextlib
+import io
+import shutil
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import clock, outofcore, process
+from ..appload import App, load_app
+from ..endpoint import register_carrier
+from ..joblog import JobLog
+from ..membership import Membership
+from . import checks
+from .world import InlinePool, SimEndpoint, SimKV, SimProcess, World
+
+EVENTS = ("scale", "drain", "kill", "checkpoint", "memory")
+JOB = "sim"
+TIME_LIMIT_S = 900.0  # simulated: a schedule still running by then has hung
+
+_world: World | None = None  # the world whose processes open sim:// endpoints now
+_app: App | None = None
+
+
+def _open_sim_endpoint(ident: str, secret: str, listen: str, watch: bool = False, **_: Any) -> SimEndpoint:
+    if _world is None:
+        raise RuntimeError("sim:// endpoints exist only inside a litz.sim schedule")
+    return SimEndpoint(_world, ident, watch)
+
+
+register_carrier("sim", _open_sim_endpoint)
+
+
+@dataclass
+class Outcome:
+    seed: int
+    violations: list[str]
+    events: Counter = field(default_factory=Counter)
+    sim_s: float = 0.0
+    tasks: int = 0
+    messages: int = 0
+    log: str = ""  # what the processes wrote to stderr (warnings), for -v
+
+
+@dataclass
+class Plan:
+    """What a seed chose: the job's size and its events."""
+
+    workers: int
+    servers: int
+    executors: int
+    rounds: int
+    keys: int
+    shards: int
+    checkpoint_every: float | None
+    events: list[tuple[float, str, Any]]
+
+
+def plan(world: World, allowed: tuple[str, ...]) -> Plan:
+    rng = world.rng
+    checkpoints = "kill" in allowed or ("checkpoint" in allowed and rng.random() < 0.5)
+    p = Plan(workers=rng.randint(1, 3), servers=rng.randint(1, 3), executors=rng.randint(2, 8),
+             rounds=rng.randint(4, 14), keys=rng.randint(3, 10), shards=rng.choice([4, 8, 16]),
+             checkpoint_every=rng.choice([0.05, 0.2, 1.0]) if checkpoints else None, events=[])
+    t = 0.0
+    for _ in range(rng.randint(1, 8)):
+        t += rng.expovariate(1 / 0.05)
+        kind = rng.choice(allowed)
+        if kind == "scale":
+            role = rng.choice(["workers", "servers"])
+            arg: Any = (role, rng.randint(1, 4 if role == "workers" else 3))
+        elif kind == "drain":
+            arg = rng.choice(["worker", "server"])
+        elif kind == "kill":
+            arg = rng.choice(["worker", "server"])
+        elif kind == "memory":
+            arg = rng.choice([700, 1500, 4000, 1 << 20])
+        else:
+            arg = None
+        p.events.append((t, kind, arg))
+    return p
+
+
+class Schedule:
+    def __init__(self, seed: int, allowed: tuple[str, ...] = EVENTS):
+        self.seed = seed
+        self.world = World(seed)
+        self.kv = SimKV(self.world)
+        self.plan = plan(self.world, allowed)
+        self.tmp = tempfile.mkdtemp(prefix=f"litz-sim-{seed}-")
+        self.members: dict[str, Any] = {}  # ident -> Worker or Server object
+        self.member_procs: dict[str, SimProcess] = {}
+        self.master: Any = None
+        self.master_proc: SimProcess | None = None
+        self.events: Counter = Counter()
+        self.next_rid = 0
+
+    # -- processes -----------------------------------------------------------------------------------
+    def spawn(self, role: str) -> SimProcess:
+        return self.world.start(role, lambda proc: self._serve(proc, role))
+
+    def _serve(self, proc: SimProcess, role: str) -> None:
+        from ..server import Server
+        from ..worker import Worker
+
+        membership = Membership(self.kv, JOB, pid=proc.pid)
+        membership.wait_master(60)
+        ident = membership.allocate_id(role)
+        cls = Worker if role == "worker" else Server
+        member = cls(ident, membership, "sim", listen=f"sim://{ident}")
+        self.members[ident] = member
+        self.member_procs[ident] = proc
+        membership.register(role, ident, {"address": member.endpoint.address})
+        try:
+            member.run(60)
+        finally:
+            if not proc.killed:
+                membership.unregister()
+                member.close()
+
+    def _run_master(self, proc: SimProcess) -> Any:
+        from ..master import Master
+
+        p = self.plan
+        membership = Membership(self.kv, JOB, pid=proc.pid)
+        master = Master(_app, membership, "sim", config={"rounds": p.rounds, "keys": p.keys},
+                        num_executors=p.executors, num_shards=p.shards, min_workers=p.workers,
+                        min_servers=p.servers, joblog=JobLog(progress=False), start_timeout=60.0,
+                        spawn=self.spawn, checkpoint_dir=f"{self.tmp}/checkpoints" if p.checkpoint_every else None,
+                        checkpoint_every=p.checkpoint_every, listen="sim://master", wake=False)
+        self.master = master
+        master.register()
+        try:
+            for role, count in (("server", p.servers), ("worker", p.workers)):
+                for _ in range(count):
+                    self.spawn(role)
+            return master.run()
+        finally:
+            master.stop_all()
+            membership.unregister()
+            membership.clear()
+            master.close()
+
+    # -- events --------------------------------------------------------------------------------------
+    def _request(self, command: str, args: dict) -> None:
+        self.next_rid += 1
+        self.kv.put(f"litz/jobs/{JOB}/requests/r{self.next_rid:05d}",
+                    {"command": command, "args": args, "t": clock.time()})
+
+    def _live(self, role: str) -> list[str]:
+        m = self.master
+        members = (m.workers if role == "worker" else m.servers) if m is not None else {}
+        return sorted(i for i, x in members.items() if x.state == "active" and i in self.member_procs
+                      and not self.member_procs[i].exited)
+
+    def _event(self, kind: str, arg: Any) -> None:
+        m = self.master
+        if m is None or not m.started or m.finished:
+            return
+        rng = self.world.rng
+        if kind == "scale":
+            self._request("scale", {arg[0]: arg[1]})
+        elif kind == "drain":
+            live = self._live(arg)
+            if len(live) < 2:
+                return
+            self._request("drain", {"ids": [rng.choice(live)]})
+        elif kind == "kill":
+            # only once a checkpoint exists: without one the job must fail, and says so (tested elsewhere)
+            if not any(e["kind"] == "checkpoint" for e in m.joblog.events):
+                return
+            live = self._live(arg)
+            if not live:
+                return
+            self.world.kill(self.member_procs[rng.choice(live)])
+        elif kind == "checkpoint":
+            if m.recovery.store is None:
+                return
+            self._request("checkpoint", {})
+        elif kind == "memory":
+            self._request("memory-limit", {"bytes": arg})
+        self.events[kind] += 1
+
+    # -- the run -------------------------------------------------------------------------------------
+    def run(self) -> Outcome:
+        global _world
+        world = self.world
+        saved_rss, saved_pool = process.resident_bytes, outofcore.background_pool
+        _world = world
+        clock.install(world.clock)
+        process.resident_bytes = lambda: 0
+        outofcore.background_pool = lambda name: InlinePool()
+        checks.take()
+        violations: list[str] = []
+        log = io.StringIO()
+        try:
+            stack = contextlib.ExitStack()
+            stack.enter_context(contextlib.redirect_stderr(log))
+            self.master_proc = world.start("master", self._run_master)
+            for t, kind, arg in self.plan.events:
+                world.at(t, lambda kind=kind, arg=arg: self._event(kind, arg))
+            finished = world.run(TIME_LIMIT_S, lambda: all(p.exited for p in world.processes))
+            violations = checks.take()
+            mp = self.master_proc
+            if not finished:
+                waiting = [p.name for p in world.processes if not p.exited]
+                violations.append(f"hang: still running after {TIME_LIMIT_S:.0f} simulated s: {waiting}")
+            elif mp.error is not None:
+                violations.append(f"job failed: {type(mp.error).__name__}: {str(mp.error).strip()[-600:]}")
+            elif not mp.result:
+                violations.append("job finished without a result")
+            for p in world.processes:
+                # one that started as the job ended finds no master: so would a real one
+                if p is not mp and p.error is not None and not p.killed and p.ended_at < mp.ended_at:
+                    violations.append(f"{p.name} {p.pid} failed: {type(p.error).__name__}: {p.error}")
+        finally:
+            stack.close()
+            for p in world.processes:  # a hung schedule's processes
+                if not p.exited:
+                    world.kill(p)
+            _world = None
+            clock.restore()
+            process.resident_bytes, outofcore.background_pool = saved_rss, saved_pool
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        return Outcome(self.seed, violations, self.events, world.now,
+                       self.master.tasks_completed if self.master else 0, world.messages, log.getvalue())
+
+
+def run_schedule(seed: int, events: tuple[str, ...] = EVENTS) -> Outcome:
+    global _app
+    if _app is None:
+        _app = load_app("litz.sim.checkapp")
+    return Schedule(seed, events).run()
