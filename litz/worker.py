@@ -89,6 +89,9 @@ class Worker(Process):
         #             (server, their own flush id), and resent_fids maps that id back to the flush
         self.flushing: dict[int, list] = {}
         self.resent_fids: dict[int, int] = {}
+        # flush_id -> keys of a flush a moving shard's server forwarded in part: unsettled until the flush
+        # completes, they are invalidated at every later acknowledgement of it (docs/design.md, I2)
+        self.unsettled: dict[int, list] = {}
         self.lost_servers: set[str] = set()  # lost, their requests sent elsewhere: late answers are ignored
         self.started: dict[int, int] = defaultdict(int)  # eid -> tasks started and not finished
         self.moving: dict[int, tuple[str, bool, bool, list]] = {}  # eid -> (dest, with_input, copied, buffered)
@@ -511,6 +514,7 @@ class Worker(Process):
         self.completed.clear()
         self.flushing = {}
         self.resent_fids.clear()
+        self.unsettled.clear()
         self.started.clear()
         self.moving.clear()
         self.copied.clear()
@@ -713,16 +717,25 @@ class Worker(Process):
             return
         by_server = flushing[2]
         sent = by_server.pop(part, None)
-        if sent is not None and applied == len(sent) and not forwarded:
+        unsettled = self.unsettled.get(fid)
+        if sent is not None and applied == len(sent) and not forwarded and unsettled is None:
             # Gets answered by this server before this ack did not see these updates, later ones do: add
             # them into the live entries now, before any later answer can be stored.
             self.cache.write_through(sent)
-        else:  # forwarded (a shard moved): acks from other servers, in no order with their answers
-            self.cache.invalidate([key for items in (sent or (), *by_server.values()) for _, key, _ in items])
+        else:
+            # Forwarded (a shard moved): the rest is acknowledged by other servers, in no order with their
+            # answers. Until the last ack, a get to a new owner may be answered before the forwarded update
+            # reaches it: invalidate the keys again at every ack of this flush, the last one included, so no
+            # answer asked before it is stored live (docs/design.md, I2).
+            if unsettled is None:
+                unsettled = self.unsettled[fid] = [key for items in (sent or (), *by_server.values())
+                                                   for _, key, _ in items]
+            self.cache.invalidate(unsettled)
             by_server.clear()
         flushing[0] -= applied
         if flushing[0] == 0:
             del self.flushing[fid]
+            self.unsettled.pop(fid, None)
             if self.resent_fids:
                 for rf in [rf for rf, parent in self.resent_fids.items() if parent == fid]:
                     del self.resent_fids[rf]

@@ -93,7 +93,7 @@ def _bare_worker():
 
     w = Worker.__new__(Worker)
     w.cache, w.flushing, w.fetches, w.fetch_by_key, w.runnable, w.sent = ParamCache(), {}, {}, {}, deque(), []
-    w.resent_fids = {}
+    w.resent_fids, w.unsettled = {}, {}
     w.send = lambda peer, msg, pickler=None: w.sent.append((peer, msg))
     w.fail = lambda where, text: w.sent.append(("fail", where, text))
     return w, Fetch
@@ -126,6 +126,23 @@ def test_forwarded_ack_with_a_coincident_count_drops_liveness():
     w.on_ack("s1", 0, 1, [])
     assert w.sent == [("master", ("done", ["result"], ["k", "j"]))]
     assert w.cache.lookup("j", 1) == 20  # untouched: the version rule still serves it
+
+
+def test_fetch_answered_before_the_forwarded_update_is_not_left_live():
+    """A flush under the old map holds a key whose shard moved (s1 forwards it to s2) and one s1 keeps. s1's ack
+    covers only its own key; a task under the new map then fetches the moved key from s2, which answers before
+    the forwarded update reaches it. When s2 acknowledges the forwarded part, the flush completes: that stale
+    answer must not stay live, or the next task (dispatched behind the completion) would read it
+    (docs/design.md, invariant I2; found by python -m litz.sim, seed 229)."""
+    w, Fetch = _bare_worker()
+    w.flushing[0] = [2, ["result"], {"s1": [(0, "k", 1), (1, "j", 1)]}, ["k", "j"]]
+    w.cache.invalidate(None)  # the new shard map arrived
+    w.on_ack("s1", 0, 1, [])  # s1 applied "j" and forwarded "k"
+    w.fetches[3] = Fetch("k", 5, "s2", w.cache.ticket())
+    w.on_values("s2", [(3, 10)])  # s2's value without the forwarded update
+    w.on_ack("s2", 0, 1, [], forwarded=True)
+    assert w.sent == [("master", ("done", ["result"], ["k", "j"]))]
+    assert w.cache.lookup("k", 6, live_ok=True) is MISS  # fetched again, now with the update
 
 
 def test_direct_acks_write_through_and_forwarded_answers_are_not_live():
