@@ -73,7 +73,8 @@ class Executor:
 
     # -- provided by the framework -------------------------------------------------------------------
     def ps_get(self, key: Hashable) -> Any:
-        """The value of ``key`` (read-only numpy array or number), or None if never updated."""
+        """The value of ``key`` (read-only numpy array or number), or None if never updated. The array is
+        shared with every task on the worker: writing into it raises ValueError (copy it to modify it)."""
         return self._litz.ps_get(key)
 
     def ps_get_many(self, keys: Iterable[Hashable]) -> list:

@@ -15,6 +15,15 @@ import numpy as np
 MISS = object()
 
 
+def read_only(value: Any) -> Any:
+    """``value`` as tasks may get it: a numpy array is marked read-only (not copied). One cached object
+    serves every task on the worker, so a task writing into it would change what later tasks read while
+    the servers keep the old value; it gets a ValueError instead."""
+    if isinstance(value, np.ndarray):
+        value.flags.writeable = False
+    return value
+
+
 class ParamCache:
     """Values by key, each with the version it was fetched for; some also *live*.
 
@@ -77,7 +86,7 @@ class ParamCache:
 
     def write_through(self, items: Iterable[tuple]) -> None:
         """This worker's acknowledged updates ``(shard, key, delta)``, added into their live entries (into new
-        objects: a task may still hold the old value)."""
+        objects, read-only as every value a task gets: a task may still hold the old value)."""
         entries, live = self._entries, self._live
         for _, key, delta in items:
             if key in live:
@@ -90,7 +99,7 @@ class ParamCache:
                     except Exception:  # the server refuses it too and the job fails; just stop serving it
                         live.discard(key)
                         continue
-                entries[key] = (version, value)
+                entries[key] = (version, read_only(value))
 
     def is_live(self, key: Hashable) -> bool:
         return key in self._live

@@ -217,3 +217,66 @@ def test_a_worker_refuses_to_resend_a_flush_whose_acknowledgements_it_cannot_mat
     w.flushing[7] = [5, [], {"s1": [(0, "a", 1), (1, "b", 1)]}, None]
     w.servers_lost({"s1"}, (P.SHARDS, 2, ["s0", "s0"], 3))
     assert [(peer, msg[0]) for peer, msg in w.sent] == [("master", P.RESTORE_FAILED)]
+
+
+def _assert_read_only(value):
+    assert isinstance(value, np.ndarray) and not value.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        value += 1
+
+
+def test_values_a_task_gets_are_read_only():
+    """One cached object serves every task on the worker: a task writing into it would change what later
+    tasks read while the server keeps the old value. Received arrays (out-of-band frames, or pickled in-band
+    as small arrays are) arrive writable: the worker hands them out read-only, without copying."""
+    import pickle
+
+    from litz import wire
+
+    w, Fetch = _bare_worker()
+    big = wire.decode(wire.encode([(1, np.arange(512.0))]))[0][1]  # 4 KiB: an out-of-band frame
+    small = pickle.loads(pickle.dumps(np.arange(3)))  # in-band: a fresh writable array
+    assert big.flags.writeable and small.flags.writeable  # as received
+    task = types.SimpleNamespace(values=[None, None], missing=2)
+    for rid, key, value in ((1, "big", big), (2, "small", small)):
+        w.fetches[rid] = Fetch(key, 1, "s0", w.cache.ticket())
+        w.fetches[rid].waiters.append((task, rid - 1))
+        w.on_values("s0", [(rid, value)])
+    for i, key in enumerate(("big", "small")):
+        got = w.cache.lookup(key, 1)
+        assert got is task.values[i]  # the same object: not copied
+        _assert_read_only(got)
+        _assert_read_only(w.cache.lookup(key, 5, live_ok=True))
+    assert list(w.cache.lookup("small", 1)) == [0, 1, 2]  # the failed write changed nothing
+
+
+def test_values_written_through_are_read_only():
+    c = ParamCache()
+    c.store("k", 1, np.zeros(3, np.float32), c.ticket())
+    c.store("new", 1, None, c.ticket())
+    c.write_through([(0, "k", np.ones(3, np.float32)), (0, "new", np.arange(3))])
+    for key in ("k", "new"):
+        _assert_read_only(c.lookup(key, 2, live_ok=True))
+    assert c.lookup("k", 2, live_ok=True).tolist() == [1.0, 1.0, 1.0]
+    c.write_through([(0, "k", 2.0)])  # a scalar delta into an array value
+    _assert_read_only(c.lookup("k", 2, live_ok=True))
+
+
+@pytest.mark.timeout(60)
+def test_ps_get_values_are_read_only_end_to_end():
+    """Fetched (in-band and out-of-band) and written-through values: no task can write into them."""
+    result = litz.run(app_path("readonly"), workers=1, servers=1, executors=1)
+    probes = {(step, key): (writeable, raised) for step, key, writeable, raised in result["probes"]}
+    assert set(probes) == {(1, "small"), (1, "big"), (2, "small"), (2, "big"), (2, "fresh")}
+    assert all(p == (False, True) for p in probes.values()), probes
+
+
+@pytest.mark.timeout(60)
+def test_writing_into_a_ps_get_value_fails_the_job_naming_the_read_only_value():
+    from tests.helpers import run_cli
+
+    res = run_cli(["litz", "run", app_path("readonly"), "--workers", "1", "--servers", "1", "--executors", "1",
+                   "--no-progress", "--config", "write=true"], timeout=60)
+    assert res.returncode != 0, res.stdout
+    last = res.stderr.strip().splitlines()[-1]
+    assert "executor 0 run_task" in last and "read-only" in last, res.stderr
