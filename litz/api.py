@@ -73,14 +73,20 @@ class Executor:
 
     # -- provided by the framework -------------------------------------------------------------------
     def ps_get(self, key: Hashable) -> Any:
-        """The value of ``key`` (read-only numpy array or number), or None if never updated."""
+        """The value of ``key`` (read-only numpy array or number), or None if never updated. The array is
+        shared with every task on the worker: writing into it raises ValueError (copy it to modify it)."""
         return self._litz.ps_get(key)
 
     def ps_get_many(self, keys: Iterable[Hashable]) -> list:
         return self._litz.ps_get_many(list(keys))
 
     def ps_update(self, key: Hashable, delta: Any) -> None:
-        """Add ``delta`` to the value of ``key`` (a missing key starts at zero)."""
+        """Add ``delta`` (a number or numpy array) to the value of ``key`` (a missing key starts at zero).
+
+        The first update of a key fixes its dtype and shape. Later deltas to an array value are added into
+        its dtype under numpy's "same_kind" casting (NEP 50 for Python scalars): an int delta into a float
+        value, or float64 into float32, is fine; a float delta into an int value is refused with an error
+        naming the key and both dtypes, which fails the job. Numbers as values follow ordinary arithmetic."""
         self._litz.ps_update(key, delta)
 
     def ps_update_many(self, items: Iterable[tuple]) -> None:

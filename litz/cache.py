@@ -15,6 +15,15 @@ import numpy as np
 MISS = object()
 
 
+def read_only(value: Any) -> Any:
+    """``value`` as tasks may get it: a numpy array is marked read-only (not copied). One cached object
+    serves every task on the worker, so a task writing into it would change what later tasks read while
+    the servers keep the old value; it gets a ValueError instead."""
+    if isinstance(value, np.ndarray):
+        value.flags.writeable = False
+    return value
+
+
 class ParamCache:
     """Values by key, each with the version it was fetched for; some also *live*.
 
@@ -77,7 +86,7 @@ class ParamCache:
 
     def write_through(self, items: Iterable[tuple]) -> None:
         """This worker's acknowledged updates ``(shard, key, delta)``, added into their live entries (into new
-        objects: a task may still hold the old value)."""
+        objects, read-only as every value a task gets: a task may still hold the old value)."""
         entries, live = self._entries, self._live
         for _, key, delta in items:
             if key in live:
@@ -90,7 +99,7 @@ class ParamCache:
                     except Exception:  # the server refuses it too and the job fails; just stop serving it
                         live.discard(key)
                         continue
-                entries[key] = (version, value)
+                entries[key] = (version, read_only(value))
 
     def is_live(self, key: Hashable) -> bool:
         return key in self._live
@@ -117,18 +126,50 @@ def check_delta(key: Hashable, delta: Any) -> Any:
 
 
 def add_into(key: Hashable, current: Any, delta: Any, in_place: bool) -> Any:
-    """``current + delta``, in place when allowed; a shape mismatch names the key."""
+    """``current + delta`` under the update rule, the same on every path (server in place or not, the
+    worker's write-through): a numpy array value keeps its dtype and shape, and the delta is added under
+    numpy's "same_kind" casting into the value's dtype (an int delta into a float value, a float64 one into
+    float32: yes; a float delta, Python float included, into an int value: refused, naming the key and both
+    dtypes). Numbers as values follow ordinary arithmetic. In place when ``in_place`` and the array is
+    writable, else into a new array, computed the same way either way."""
     if isinstance(current, np.ndarray):
         if isinstance(delta, np.ndarray) and delta.shape != current.shape:
             raise ValueError(f"ps_update({key!r}): delta shape {delta.shape} does not match "
                              f"value shape {current.shape}")
-        if in_place and current.flags.writeable:
-            np.add(current, delta, out=current, casting="same_kind")
-            return current
-        return np.add(current, delta).astype(current.dtype, copy=False)
-    if isinstance(delta, np.ndarray) and not isinstance(current, np.ndarray):
+        out = current if in_place and current.flags.writeable else np.empty_like(current)
+        try:
+            return np.add(current, delta, out=out, casting="same_kind")
+        except TypeError:  # numpy's UFuncTypeError: the delta's dtype does not cast into the value's
+            raise TypeError(f"ps_update({key!r}): cannot add a {_dtype_name(delta)} delta to a {current.dtype} "
+                            f"value: a delta is cast to the value's dtype under numpy's 'same_kind' rule "
+                            f"(the first update of a key fixes its dtype)") from None
+    if isinstance(delta, np.ndarray):
         return np.add(delta, current)
     return current + delta
+
+
+def _dtype_name(delta: Any) -> str:
+    dtype = getattr(delta, "dtype", None)
+    return str(dtype) if dtype is not None else f"Python {type(delta).__name__}"
+
+
+def sum_deltas(key: Hashable, total: Any, delta: Any) -> Any:
+    """``total + delta`` for an update log, which does not know the value's dtype: summed losslessly (numpy's
+    type promotion, in place into ``total`` when its dtype holds the result), the servers then apply the sum
+    under :func:`add_into`'s rule. Promotion takes the widest kind of the parts, so the sum is refused
+    where a part would be (bar uint64 with int64, which numpy promotes to float64). Casting here into the
+    first delta's dtype would refuse an int then a float delta to a float value, which are accepted one by
+    one, and would make the outcome depend on which tasks' deltas one flush happens to sum."""
+    if isinstance(total, np.ndarray):
+        if isinstance(delta, np.ndarray) and delta.shape != total.shape:
+            raise ValueError(f"ps_update({key!r}): delta shape {delta.shape} does not match "
+                             f"the shape {total.shape} of an earlier delta")
+        if np.result_type(total, delta) == total.dtype:
+            return np.add(total, delta, out=total)
+        return np.add(total, delta)
+    if isinstance(delta, np.ndarray):
+        return np.add(delta, total)
+    return total + delta
 
 
 class UpdateLog:
@@ -144,14 +185,14 @@ class UpdateLog:
             # own copy: the app may reuse its delta buffer; the log then adds into it in place
             self._log[key] = np.array(delta) if isinstance(delta, np.ndarray) else delta
         else:
-            self._log[key] = add_into(key, cur, delta, in_place=True)
+            self._log[key] = sum_deltas(key, cur, delta)
 
     def merge(self, other: UpdateLog) -> None:
         """Add another log's sums into this one (a finished task's staged updates)."""
         mine = self._log
         for key, delta in other._log.items():
             cur = mine.get(key)
-            mine[key] = delta if cur is None else add_into(key, cur, delta, in_place=True)
+            mine[key] = delta if cur is None else sum_deltas(key, cur, delta)
 
     def take(self) -> dict[Hashable, Any]:
         log, self._log = self._log, {}

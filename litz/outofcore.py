@@ -21,6 +21,7 @@ import pickle
 import shutil
 import sys
 import tempfile
+import weakref
 import zlib
 from collections import OrderedDict
 from collections.abc import MutableMapping
@@ -125,6 +126,26 @@ def _write(path: str, obj: Any, kept: bool = False) -> Spilled:
     return Spilled(path, crc, offset, len(header), layout)
 
 
+class _Loaded:
+    """The object a kept input file holds, as loaded into the executor: compared by identity at the next
+    eviction. Never by ``id()``: once the app reassigns the attribute the loaded object may be freed and
+    its address reused by a newer one, whose data the file does not hold. A weak reference where the type
+    allows (numpy arrays do): a freed object then reads as None, never as a newer one. Otherwise (list,
+    dict, tuple, int, str) a strong one, which keeps the loaded object alive while the executor is
+    resident even if the app replaced it: a small memory cost, until the next eviction drops it."""
+
+    __slots__ = ("_ref", "_obj")
+
+    def __init__(self, obj: Any):
+        try:
+            self._ref, self._obj = weakref.ref(obj), None
+        except TypeError:
+            self._ref, self._obj = None, obj
+
+    def get(self) -> Any:
+        return self._obj if self._ref is None else self._ref()
+
+
 class Residency:
     """Which executors are in memory, their sizes, the spilled ones, and loads under way."""
 
@@ -133,10 +154,10 @@ class Residency:
         self.sizes: dict[int, int] = {}
         self.lru: OrderedDict[int, None] = OrderedDict()  # in memory, least recently used first
         self.spilled: dict[int, Spilled] = {}
-        # input data kept on disk per executor, one file per input attribute with the id of the object it
-        # holds: a reassigned attribute (another object) is written again, so a stale file is never loaded,
-        # and only that attribute (an app's per-epoch index need not rewrite its rows)
-        self.inputs: dict[int, dict[str, tuple[Spilled, int]]] = {}
+        # input data kept on disk per executor, one file per input attribute with a reference to the object
+        # the file holds (see _Loaded): a reassigned attribute (another object) is written again, so a stale
+        # file is never loaded, and only that attribute (an app's per-epoch index need not rewrite its rows)
+        self.inputs: dict[int, dict[str, tuple[Spilled, _Loaded | None]]] = {}
         self.loading: dict[int, Future] = {}
         self.dirty: set[int] = set()
         self._pool: Executor | None = None
@@ -199,10 +220,12 @@ class Residency:
         for a in set(kept) - set(inputs):  # no longer held
             _unlink(kept.pop(a)[0].path)
         for a, value in inputs.items():
-            if a not in kept or kept[a][1] != id(value):
+            if a not in kept or kept[a][1] is None or kept[a][1].get() is not value:
                 rec = _write(os.path.join(self._dir(), f"e{eid:05d}-{a}-input.pkl"), value, kept=True)
-                kept[a] = (rec, id(value))
+                kept[a] = (rec, None)
                 written += rec.nbytes
+            else:  # current: the executor is dropped now, and the reference with it (nothing is kept alive)
+                kept[a] = (kept[a][0], None)
         if inputs:
             state = {k: v for k, v in state.items() if k not in kept}
         rec = _write(os.path.join(self._dir(), f"e{eid:05d}.pkl"), state)
@@ -267,7 +290,7 @@ class Residency:
         _unlink(rec.path)
         kept = self.inputs.get(eid, {})  # the objects now in the executor are the ones the files hold
         for a, (rec, _) in kept.items():
-            kept[a] = (rec, id(state[a]))
+            kept[a] = (rec, _Loaded(state[a]))
         return eid, state, nbytes, seconds
 
     def load_now(self, eid: int) -> tuple[Any, int, float]:

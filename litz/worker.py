@@ -20,7 +20,7 @@ from . import clock, process, wire
 from . import protocol as P
 from .api import Executor, held_input
 from .appload import load_executor_class, loaded_tokens
-from .cache import MISS, ParamCache, UpdateLog
+from .cache import MISS, ParamCache, UpdateLog, read_only
 from .checkpoint import executor_part, read_part, sync_filesystem, write_part
 from .errors import LitzError, describe_app_exception
 from .keys import ShardMap
@@ -676,6 +676,7 @@ class Worker(Process):
             fetch = self.fetches.pop(rid, None)
             if fetch is None:  # answered already: a request asked again elsewhere after a partial recovery
                 continue
+            value = read_only(value)  # decoded arrays are writable, and this one object serves every task here
             # live only if answered by the server asked: then it comes in order with that server's acks
             store(fetch.key, fetch.version, value, fetch.ticket if server == fetch.server else None)
             if self.fetch_by_key.get(fetch.key) is fetch:

@@ -3,7 +3,9 @@
 Tests of an app's logic use it to explore what the real runtime allows but rarely shows: tasks complete in
 a random order, and a task may read the parameter server as of its dispatch (the stalest view the
 consistency rule allows) or as of its start (the freshest). Executors can also be serialised and restored
-between tasks, as eviction, migration and recovery do.
+between tasks, as eviction, migration and recovery do. Values are read-only numpy arrays (or numbers), as
+the runtime hands them out: an app that writes into one fails here as it would there; updates follow the
+servers' dtype rule (litz.cache.add_into).
 """
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import pickle
 import random
 
 import numpy as np
+
+from litz.cache import add_into, check_delta
 
 
 class InProcess:
@@ -89,7 +93,13 @@ class InProcess:
             result = self.executors[executor].run_task(args)
             for key, delta in self.log:
                 old = self.ps.get(key)
-                self.ps[key] = np.array(delta, copy=True) if old is None else old + delta
+                if old is None:  # the first update fixes the value's dtype; a number stays a number
+                    value = np.array(delta, copy=True) if isinstance(delta, np.ndarray) else delta
+                else:  # the servers' rule: into the value's dtype under "same_kind" casting
+                    value = add_into(key, old, check_delta(key, delta), in_place=False)
+                if isinstance(value, np.ndarray):  # read-only, as the runtime hands values out
+                    value.flags.writeable = False
+                self.ps[key] = value
             self.driver.handle_task_completion(result)
         assert not self.queue
         return self.result

@@ -234,3 +234,176 @@ def test_a_worker_refuses_to_resend_a_flush_whose_acknowledgements_it_cannot_mat
     w.flushing[7] = [5, [], {"s1": [(0, "a", 1), (1, "b", 1)]}, None]
     w.servers_lost({"s1"}, (P.SHARDS, 2, ["s0", "s0"], 3))
     assert [(peer, msg[0]) for peer, msg in w.sent] == [("master", P.RESTORE_FAILED)]
+
+
+def _assert_read_only(value):
+    assert isinstance(value, np.ndarray) and not value.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        value += 1
+
+
+def test_values_a_task_gets_are_read_only():
+    """One cached object serves every task on the worker: a task writing into it would change what later
+    tasks read while the server keeps the old value. Received arrays (out-of-band frames, or pickled in-band
+    as small arrays are) arrive writable: the worker hands them out read-only, without copying."""
+    import pickle
+
+    from litz import wire
+
+    w, Fetch = _bare_worker()
+    big = wire.decode(wire.encode([(1, np.arange(512.0))]))[0][1]  # 4 KiB: an out-of-band frame
+    small = pickle.loads(pickle.dumps(np.arange(3)))  # in-band: a fresh writable array
+    assert big.flags.writeable and small.flags.writeable  # as received
+    task = types.SimpleNamespace(values=[None, None], missing=2)
+    for rid, key, value in ((1, "big", big), (2, "small", small)):
+        w.fetches[rid] = Fetch(key, 1, "s0", w.cache.ticket())
+        w.fetches[rid].waiters.append((task, rid - 1))
+        w.on_values("s0", [(rid, value)])
+    for i, key in enumerate(("big", "small")):
+        got = w.cache.lookup(key, 1)
+        assert got is task.values[i]  # the same object: not copied
+        _assert_read_only(got)
+        _assert_read_only(w.cache.lookup(key, 5, live_ok=True))
+    assert list(w.cache.lookup("small", 1)) == [0, 1, 2]  # the failed write changed nothing
+
+
+def test_values_written_through_are_read_only():
+    c = ParamCache()
+    c.store("k", 1, np.zeros(3, np.float32), c.ticket())
+    c.store("new", 1, None, c.ticket())
+    c.write_through([(0, "k", np.ones(3, np.float32)), (0, "new", np.arange(3))])
+    for key in ("k", "new"):
+        _assert_read_only(c.lookup(key, 2, live_ok=True))
+    assert c.lookup("k", 2, live_ok=True).tolist() == [1.0, 1.0, 1.0]
+    c.write_through([(0, "k", 2.0)])  # a scalar delta into an array value
+    _assert_read_only(c.lookup("k", 2, live_ok=True))
+
+
+@pytest.mark.timeout(60)
+def test_ps_get_values_are_read_only_end_to_end():
+    """Fetched (in-band and out-of-band) and written-through values: no task can write into them."""
+    result = litz.run(app_path("readonly"), workers=1, servers=1, executors=1)
+    probes = {(step, key): (writeable, raised) for step, key, writeable, raised in result["probes"]}
+    assert set(probes) == {(1, "small"), (1, "big"), (2, "small"), (2, "big"), (2, "fresh")}
+    assert all(p == (False, True) for p in probes.values()), probes
+
+
+@pytest.mark.timeout(60)
+def test_writing_into_a_ps_get_value_fails_the_job_naming_the_read_only_value():
+    from tests.helpers import run_cli
+
+    res = run_cli(["litz", "run", app_path("readonly"), "--workers", "1", "--servers", "1", "--executors", "1",
+                   "--no-progress", "--config", "write=true"], timeout=60)
+    assert res.returncode != 0, res.stdout
+    last = res.stderr.strip().splitlines()[-1]
+    assert "executor 0 run_task" in last and "read-only" in last, res.stderr
+
+
+# -- update dtypes: one rule on every path (a delta goes into the value's dtype under "same_kind") --------
+
+
+def _add_both_ways(current, delta):
+    """add_into in place and not in place: (result or error type and text) of each."""
+    from litz.cache import add_into
+
+    outcomes = []
+    for in_place in (True, False):
+        value = current.copy()
+        try:
+            got = add_into("k", value, delta, in_place=in_place)
+        except (TypeError, ValueError) as exc:
+            outcomes.append(("error", str(exc)))
+            assert np.array_equal(value, current)  # a refused update changes nothing
+        else:
+            assert (got is value) == in_place
+            outcomes.append((got.dtype, got.shape, got.tolist()))
+    return outcomes
+
+
+@pytest.mark.parametrize("delta", [np.full(3, 0.5), 0.5, np.float64(0.5)], ids=["array", "py-float", "np-float"])
+def test_float_delta_into_int_value_is_refused_in_place_or_not(delta):
+    in_place, copied = _add_both_ways(np.arange(3), delta)
+    assert in_place == copied and in_place[0] == "error"
+    text = in_place[1]
+    assert "'k'" in text and "int64" in text and ("float64" in text or "float" in text), text
+
+
+@pytest.mark.parametrize("current,delta,dtype,values", [
+    (np.arange(3.0), np.arange(3), np.float64, [0.0, 2.0, 4.0]),  # int delta into a float value
+    (np.ones(3, np.float32), np.full(3, 0.25), np.float32, [1.25] * 3),  # same kind: stays float32
+    (np.arange(3, dtype=np.int16), 2, np.int16, [2, 3, 4]),  # a Python int follows the value (NEP 50)
+    (np.arange(3, dtype=np.int32), np.ones(3, np.int64), np.int32, [1, 2, 3]),
+])
+def test_same_kind_deltas_keep_the_values_dtype_in_place_or_not(current, delta, dtype, values):
+    in_place, copied = _add_both_ways(current, delta)
+    assert in_place == copied == (np.dtype(dtype), current.shape, values)
+
+
+def test_float32_value_with_float64_delta_rounds_the_same_in_place_or_not():
+    current = np.array([1.0, 3.0, 1e8], np.float32)
+    delta = np.array([1e-9, 1 / 3, 1.5], np.float64)
+    in_place, copied = _add_both_ways(current, delta)
+    assert in_place == copied and in_place[0] == np.float32
+
+
+def _bare_server():
+    from litz.outofcore import ShardTables
+    from litz.scar import RunningCheckpoint
+    from litz.server import Server
+
+    s = Server.__new__(Server)
+    s.shards, s.exported, s.running_ckpt = ShardTables("s0"), set(), RunningCheckpoint()
+    return s
+
+
+@pytest.mark.parametrize("delta", [np.full(3, 0.5), 0.5], ids=["array", "py-float"])
+def test_server_refuses_a_float_delta_into_an_int_key_whether_just_read_or_not(delta):
+    """The server adds in place unless the value was just read (exported to ZeroMQ): the outcome must not
+    depend on that (a float delta was refused in place and truncated otherwise)."""
+    errors = []
+    for read_first in (False, True):
+        s = _bare_server()
+        try:
+            s.update(0, "k", np.arange(3))
+            s.update(0, "k", np.ones(3, np.int64))  # now a writable array of its own
+            if read_first:
+                s.get(0, "k")
+                assert (0, "k") in s.exported
+            with pytest.raises((TypeError, ValueError)) as info:
+                s.update(0, "k", delta)
+            errors.append(str(info.value))
+            value = s.get(0, "k")
+            assert value.dtype == np.int64 and value.tolist() == [1, 2, 3]
+        finally:
+            s.shards.close()
+    assert errors[0] == errors[1] and "'k'" in errors[0] and "int64" in errors[0], errors
+
+
+def test_write_through_follows_the_servers_rule():
+    """The worker adds its acknowledged updates into live entries (never in place): same dtype as the server
+    keeps, and a delta the server refuses stops the entry being served."""
+    c = ParamCache()
+    c.store("f32", 1, np.ones(3, np.float32), c.ticket())
+    c.store("i", 1, np.arange(3), c.ticket())
+    c.write_through([(0, "f32", np.full(3, 0.5)), (0, "i", 0.5)])
+    got = c.lookup("f32", 2, live_ok=True)
+    assert got.dtype == np.float32 and got.tolist() == [1.5] * 3
+    assert not c.is_live("i") and c.lookup("i", 2, live_ok=True) is MISS  # the server refused it too
+
+
+def test_update_log_sums_deltas_without_refusing_what_the_value_accepts():
+    """A task's int delta then float delta into a float value: applied one by one both are accepted, so
+    their sum in the update log (which does not know the value's dtype) must not be refused or truncated."""
+    from litz.cache import UpdateLog, add_into
+
+    log = UpdateLog()
+    log.add("k", np.ones(3, np.int64))
+    log.add("k", np.full(3, 0.5))
+    other = UpdateLog()
+    other.add("k", 0.25)
+    log.merge(other)
+    [(key, total)] = log.take().items()
+    assert total.tolist() == [1.75] * 3
+    assert add_into("k", np.zeros(3), total, in_place=True).tolist() == [1.75] * 3
+    with pytest.raises(TypeError, match="'k'"):  # into an int value the sum is refused, as its float part is
+        add_into("k", np.zeros(3, np.int64), total, in_place=True)

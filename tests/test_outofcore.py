@@ -301,3 +301,75 @@ class E(litz.Executor):
 ''')
     result = litz.run(str(app), workers=2, servers=1, executors=4, memory_limit="64M")
     assert result == {"total": 8, "attempts": 8}  # 8 tasks; the 4 failed attempts' updates were dropped
+
+
+def test_input_reassigned_twice_onto_a_reused_address_is_written_again(tmp_path):
+    """Kept input files were current when ``id(value)`` matched the id recorded at the last load. An app that
+    reassigns its input twice while resident can land the new object at the freed address of the loaded one
+    (CPython reuses it): the file was not rewritten and the next load brought back older data."""
+    import gc
+
+    from litz.outofcore import Residency
+
+    class Ex:
+        input_attrs = ("X",)
+
+    res = Residency("w0", budget=1, spill_root=str(tmp_path))
+    try:
+        ex = Ex()
+        ex.X, ex.w = np.full(4, 1.0), 0
+        res.add(0, ex)
+        res.evict(0, ex)
+        state, _, _ = res.load_now(0)
+        ex = Ex()
+        ex.__dict__.update(state)
+        del state
+        loaded_id = id(ex.X)
+        ex.X = np.full(4, 2.0)  # the loaded array is freed here
+        gc.collect()
+        held, latest = [], None
+        for _ in range(100_000):  # allocate until one lands where the loaded array was
+            candidate = np.full(4, 3.0)
+            if id(candidate) == loaded_id:
+                latest = candidate
+                break
+            held.append(candidate)
+        if latest is None:
+            pytest.skip("the allocator never reused the loaded array's address")
+        del held, candidate
+        ex.X = latest
+        assert id(ex.X) == loaded_id
+        res.add(0, ex)
+        res.evict(0, ex)
+        state, _, _ = res.load_now(0)
+        assert list(state["X"]) == [3.0, 3.0, 3.0, 3.0]
+    finally:
+        res.close()
+
+
+@pytest.mark.parametrize("value", [np.arange(1000.0), list(range(1000))])  # weak-referenceable or not
+def test_unchanged_input_is_not_written_again_and_a_reassigned_one_is(tmp_path, value):
+    from litz.outofcore import Residency
+
+    class Ex:
+        input_attrs = ("X",)
+
+    res = Residency("w0", budget=1, spill_root=str(tmp_path))
+    try:
+        ex = Ex()
+        ex.X, ex.w = value, 0
+        res.add(0, ex)
+        first, _ = res.evict(0, ex)
+        ex = Ex()
+        ex.__dict__.update(res.load_now(0)[0])
+        res.add(0, ex)
+        again, _ = res.evict(0, ex)
+        assert again < first / 4  # the kept input file is still current: only the small state is written
+        ex = Ex()
+        ex.__dict__.update(res.load_now(0)[0])
+        ex.X = type(value)(v + 1 for v in value) if isinstance(value, list) else value + 1
+        res.add(0, ex)
+        res.evict(0, ex)
+        assert list(res.load_now(0)[0]["X"]) == [v + 1 for v in value]
+    finally:
+        res.close()

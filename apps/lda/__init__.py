@@ -181,6 +181,7 @@ class LDAExecutor(litz.Executor):
             wt_ps = np.zeros((int(self.blocks.sizes[block]), self.K), np.int32)
         elif wt_ps.dtype != np.int32 or not wt_ps.flags.c_contiguous:  # as stored it always is: one compiled kernel
             wt_ps = np.ascontiguousarray(wt_ps, np.int32)
+        wt_ps.flags.writeable = False  # as ps_get hands it out: one compiled kernel (numba types read-only apart)
         nk = np.array(nk_ps, dtype=np.int64)
         ndk = self._doc_topics()
         r0, r1 = self._runs(block)
