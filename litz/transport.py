@@ -2,9 +2,9 @@
 Unix sockets within a one-machine job.
 
 Each process owns one :class:`ZmqEndpoint` (a :class:`litz.endpoint.Endpoint`, opened for ``tcp://`` listen
-addresses): a ROUTER socket it binds and receives on, and one DEALER per
-peer it sends to (routing id = its own process id). Receiving on one socket keeps every event loop a
-single poll; sending on per-peer DEALERs keeps each peer's messages in order.
+addresses): a ROUTER socket it binds and receives on, and one DEALER per peer it sends to (routing id = its
+own process id). Receiving on one socket keeps every event loop a single poll; sending on per-peer DEALERs
+keeps each peer's messages in order.
 
 Large frames to a peer on the same host go through a shared-memory ring (:mod:`litz.shmring`) instead of
 the cipher; the message itself, with the frames' positions, still crosses the authenticated socket. A
