@@ -35,6 +35,9 @@ from .recovery import CorruptCheckpoint, Recovery, warn
 MEMBERSHIP_CHECK_S = 0.5
 LOSS_CHECK_S = 0.02  # local children's exits and dropped connections: seen at once, not at the next registry read
 CONNECTION_GRACE_S = 0.3  # a member's dropped connection not back after this: its process is gone
+# A member told to retire that left the registry without its RETIRED message arriving this long after: it died
+# while it still held work (killed mid-drain), and the job recovers, instead of taking it for retired.
+RETIRED_GRACE_S = 5.0
 WATCH_CONNECTIONS = os.environ.get("LITZ_CONNECTION_WATCH", "1") != "0"  # off: only leases and local children
 REQUESTS_CHECK_S = 0.05  # litzctl requests, when no wake-up datagram arrives (see open_wake_socket)
 STATUS_EVERY_S = 1.0
@@ -69,6 +72,7 @@ class Member:
         self.state = "active"  # active | draining
         self.ready = False  # worker: has the app and created its initial executors
         self.retire_sent = False
+        self.gone_since: float | None = None  # told to retire, then left the registry: awaiting its RETIRED
         self.noticed = ""  # once lost: how the master noticed (for the recovery event)
         self.first_map: int | None = None  # worker: first shard-map version it was sent
         self.stats: dict = {}
@@ -798,10 +802,17 @@ class Master(Process):
                 lost[ident] = m
                 self.membership.evict(ident)  # if it lives after all, it sees this and stops
         alive = self.membership.members()
+        now = clock.time()
         for ident, m in members.items():
             if ident not in alive and ident not in lost:
-                if m.retire_sent:  # its RETIRED message may still be on its way
-                    self.on_retired(ident)
+                if m.retire_sent:
+                    # Its RETIRED message may still be on its way (handled as it arrives); a process killed after
+                    # it was told to retire, before it shipped everything, never sends one, and what it held is
+                    # lost: a recovery, not a retirement (python -m litz.sim, seed 1291).
+                    m.gone_since = m.gone_since or now
+                    if now - m.gone_since > RETIRED_GRACE_S:
+                        m.noticed = "exited without retiring"
+                        lost[ident] = m
                 else:
                     m.noticed = "registration lapsed"
                     lost[ident] = m

@@ -245,7 +245,9 @@ class Recovery:
         t0 = clock.time()
         self.restart_priority_rounds()
         # the job's size before the loss: replacements (also for processes lost while recovering) bring it back
-        size = {"worker": len(m.workers), "server": len(m.servers)} if m.spawn is not None else None
+        # (a member that was leaving is not replaced)
+        size = {role: len([x for x in members.values() if x.state != "draining"])
+                for role, members in (("worker", m.workers), ("server", m.servers))} if m.spawn is not None else None
         lost_ids = [x.ident for x in lost]
         noticed = {x.ident: x.noticed for x in lost}
         if self.partial and self.can_recover_partially(lost):
@@ -395,7 +397,7 @@ class Recovery:
         m = self.master
         for member in lost:
             m.forget(member.ident)
-            if m.spawn is not None:
+            if m.spawn is not None and member.state != "draining":  # it was leaving anyway
                 m.spawn(member.role)
 
     def await_members(self, size: dict[str, int] | None) -> None:

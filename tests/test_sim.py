@@ -84,6 +84,14 @@ def test_unknown_event_kind_is_a_one_line_error(capsys):
     assert "unknown event kind(s) ['flood']" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("seed", [1291, 1880])
+def test_a_worker_killed_while_draining_is_recovered(seed):
+    """Replays of the schedules that found it: a worker told to retire is killed before it ships its executors.
+    The master took its leaving the registry for a retirement and the job hung without those executors."""
+    o = run_schedule(seed)
+    assert o.violations == [] and o.events["kill"] and o.events["drain"]
+
+
 @pytest.mark.timeout(240)
 def test_a_thousand_schedules_pass():
     """CI runs 1,000 schedules with every kind of event (README: the simulator)."""
