@@ -41,6 +41,7 @@ RETIRED_GRACE_S = 5.0
 WATCH_CONNECTIONS = os.environ.get("LITZ_CONNECTION_WATCH", "1") != "0"  # off: only leases and local children
 REQUESTS_CHECK_S = 0.05  # litzctl requests, when no wake-up datagram arrives (see open_wake_socket)
 STATUS_EVERY_S = 1.0
+_ANY_EPOCH = (P.HELLO, P.READY)  # messages the master takes whatever epoch they were sent at
 HISTORY_SAMPLES = 3600  # an hour of once-a-second samples for litzctl plot
 MAX_FOREIGN_KEYS = 4096  # more keys written elsewhere since a worker's last dispatch: it drops every live entry
 
@@ -237,9 +238,11 @@ class Master(Process):
             self.check_progress()
 
     def receive(self):
-        """Messages of the current epoch (and any HELLO: a new process starts at epoch 0)."""
+        """Messages of the current epoch, and any HELLO (a new process starts at epoch 0) or READY (a worker that
+        joined during a recovery that then started over answers at the older epoch; having the app outlives a
+        restore, which resets executors anyway: docs/design.md, M2)."""
         for sender, (epoch, msg) in self.endpoint.drain():
-            if epoch >= self.epoch or msg[0] == P.HELLO:
+            if epoch >= self.epoch or msg[0] in _ANY_EPOCH:
                 yield sender, msg
 
     def pump(self, timeout_s: float) -> None:

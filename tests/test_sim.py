@@ -92,6 +92,14 @@ def test_a_worker_killed_while_draining_is_recovered(seed):
     assert o.violations == [] and o.events["kill"] and o.events["drain"]
 
 
+def test_a_worker_joining_a_recovery_that_starts_over_becomes_ready():
+    """Replay: the only worker is killed, its replacement joins during the recovery, then the only server is
+    killed and the recovery starts over at a new epoch; the replacement's READY (sent at the older epoch) was
+    dropped, it never counted as ready, and the job failed with "no live worker or server left"."""
+    o = run_schedule(6199)
+    assert o.violations == [] and o.events["kill"] == 2
+
+
 @pytest.mark.timeout(240)
 def test_a_thousand_schedules_pass():
     """CI runs 1,000 schedules with every kind of event (README: the simulator)."""
