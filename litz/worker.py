@@ -347,6 +347,10 @@ class Worker(Process):
         old = set(self.shardmap.owners)
         self.shardmap.owners = owners
         self.cache.invalidate(None)  # answers and acknowledgements may now come from other servers, in any order
+        # Flushes sent under the old map are acknowledged by their old owners, in no order with the answers of
+        # the new owners that live entries now come from: none may add into a live entry (docs/design.md, I3).
+        for fid, entry in self.flushing.items():
+            self.unsettled.setdefault(fid, []).extend(key for items in entry[2].values() for _, key, _ in items)
         for server in old - servers - self.lost_servers:
             self.send(server, (P.FENCE, version))  # behind every request we ever sent it
 

@@ -145,6 +145,20 @@ def test_fetch_answered_before_the_forwarded_update_is_not_left_live():
     assert w.cache.lookup("k", 6, live_ok=True) is MISS  # fetched again, now with the update
 
 
+def test_late_ack_from_the_old_owner_is_not_added_into_the_new_owners_value():
+    """A flush to s1 is applied there, then its shard moves to s0 with the update in the table; under the new map
+    the worker fetches the key from s0 (live). s1's acknowledgement arrives only then: adding the delta into the
+    entry would count it twice (found by python -m litz.sim, seed 13903)."""
+    w, Fetch = _worker_on_two_servers()
+    w.flushing[5] = [1, ["result"], {"s1": [(1, "k", 1)]}, ["k"]]
+    w.on_shard_map(4, ["s0", "s0", "s0", "s0"], 2)
+    w.fetches[3] = Fetch("k", 5, "s0", w.cache.ticket())
+    w.on_values("s0", [(3, 12)])  # s0's value: s1's table, the flush's update included
+    w.on_ack("s1", 5, 1, [])
+    assert ("master", ("done", ["result"], ["k"])) in w.sent
+    assert w.cache.lookup("k", 6, live_ok=True) in (12, MISS)  # never 13
+
+
 def test_direct_acks_write_through_and_forwarded_answers_are_not_live():
     w, Fetch = _bare_worker()
     w.cache.store("k", 1, 10, w.cache.ticket())
