@@ -1,5 +1,6 @@
 """Bad input ends with one clear line on stderr, a non-zero exit, and no process left behind."""
 import textwrap
+import time
 
 import psutil
 import pytest
@@ -28,6 +29,23 @@ def job_processes(name: str) -> list:
     return found
 
 
+def leftovers(name: str, within: float = 5.0) -> list:
+    """The job's processes still alive after ``within`` seconds: a fork server ends when its launcher does
+    (parent-death signal), a moment later on a loaded machine."""
+    deadline = time.monotonic() + within
+    while True:
+        left = []
+        for p in job_processes(name):
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    left.append(p)
+            except psutil.Error:
+                pass
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
 def assert_clean_failure(res, must_contain: str, name: str, code: int | None = None, app_trace: bool = False):
     assert res.returncode != 0, res.stderr
     if code is not None:
@@ -42,7 +60,7 @@ def assert_clean_failure(res, must_contain: str, name: str, code: int | None = N
     else:
         assert "Traceback" not in res.stderr, res.stderr
         assert len(lines) == 1, res.stderr
-    assert not job_processes(name), "processes left behind"
+    assert not leftovers(name), "processes left behind"
 
 
 def run_app(app, name, *extra, timeout=60):
