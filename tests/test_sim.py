@@ -1,6 +1,7 @@
 """The simulator: schedules replay exactly, its checks catch planted bugs, and 1,000 schedules pass."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -109,6 +110,7 @@ def test_a_thousand_schedules_pass():
     assert proc.returncode == 0, "\n".join(lines[-30:]) + proc.stderr[-2000:]
     summary = lines[-1]
     assert summary.startswith("litz.sim: 1000 schedules") and "; 0 with violations" in summary
-    for kind in ("scale", "drain", "kill", "checkpoint", "memory"):
-        count = int(summary.split(f"{kind} ", 1)[1].split(",")[0].split(";")[0])
-        assert count > 20, summary
+    counts = {kind: int(n) for kind, n in re.findall(r"(\w+) (\d+)[,;)( ]", summary.split("events: ", 1)[1])}
+    for kind in ("scale", "drain", "kill", "checkpoint", "memory", "recovery", "evict"):
+        assert counts[kind] > 20, summary
+    assert counts["partial_recovery"] > 0, summary

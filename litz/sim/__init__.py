@@ -9,6 +9,6 @@ what runs and what is checked.
 """
 from __future__ import annotations
 
-from .schedule import EVENTS, Outcome, run_schedule
+from .schedule import EVENTS, Outcome, Plan, plan, run_schedule
 
-__all__ = ["EVENTS", "Outcome", "run_schedule"]
+__all__ = ["EVENTS", "Outcome", "Plan", "plan", "run_schedule"]

@@ -7,7 +7,7 @@ import sys
 import time
 from collections import Counter
 
-from .schedule import EVENTS, Outcome, run_schedule
+from .schedule import EVENTS, OUTCOMES, Outcome, run_schedule
 
 
 def _run_range(args: tuple[int, int, tuple[str, ...]]) -> list[Outcome]:
@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
             pool.close()
             pool.join()
     kinds = ", ".join(f"{k} {totals[k]}" for k in EVENTS if k in events)
-    print(f"litz.sim: {runs} schedules, {tasks} tasks, events: {kinds}; {failed} with violations "
+    led = ", ".join(f"{k} {totals[k]}" for k in OUTCOMES)
+    print(f"litz.sim: {runs} schedules, {tasks} tasks, events: {kinds} (led to {led}); {failed} with violations "
           f"({time.perf_counter() - t0:.1f} s)")
     return 1 if failed else 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import random
 import shutil
 import tempfile
 from collections import Counter
@@ -19,6 +20,7 @@ from . import checks
 from .world import InlinePool, SimEndpoint, SimKV, SimProcess, World
 
 EVENTS = ("scale", "drain", "kill", "checkpoint", "memory")
+OUTCOMES = ("recovery", "partial_recovery", "evict")  # what the events led to, counted from the job's events
 JOB = "sim"
 TIME_LIMIT_S = 900.0  # simulated: a schedule still running by then has hung
 
@@ -57,15 +59,19 @@ class Plan:
     keys: int
     shards: int
     checkpoint_every: float | None
+    partial_recovery: bool
     events: list[tuple[float, str, Any]]
 
 
-def plan(world: World, allowed: tuple[str, ...]) -> Plan:
-    rng = world.rng
+def plan(seed: int, allowed: tuple[str, ...]) -> Plan:
+    """The job and events seed ``seed`` draws. Its own random stream, apart from the scheduler's: a regression
+    test can pin a plan while the seed picks the interleaving, and a draw added at the end changes no plan."""
+    rng = random.Random(f"litz.sim plan {seed}")
     checkpoints = "kill" in allowed or ("checkpoint" in allowed and rng.random() < 0.5)
     p = Plan(workers=rng.randint(1, 3), servers=rng.randint(1, 3), executors=rng.randint(2, 8),
              rounds=rng.randint(4, 14), keys=rng.randint(3, 10), shards=rng.choice([4, 8, 16]),
-             checkpoint_every=rng.choice([0.05, 0.2, 1.0]) if checkpoints else None, events=[])
+             checkpoint_every=rng.choice([0.05, 0.2, 1.0]) if checkpoints else None, partial_recovery=False,
+             events=[])
     t = 0.0
     for _ in range(rng.randint(1, 8)):
         t += rng.expovariate(1 / 0.05)
@@ -73,24 +79,24 @@ def plan(world: World, allowed: tuple[str, ...]) -> Plan:
         if kind == "scale":
             role = rng.choice(["workers", "servers"])
             arg: Any = (role, rng.randint(1, 4 if role == "workers" else 3))
-        elif kind == "drain":
-            arg = rng.choice(["worker", "server"])
-        elif kind == "kill":
+        elif kind in ("drain", "kill"):
             arg = rng.choice(["worker", "server"])
         elif kind == "memory":
             arg = rng.choice([700, 1500, 4000, 1 << 20])
         else:
             arg = None
         p.events.append((t, kind, arg))
+    p.partial_recovery = checkpoints and rng.random() < 0.3
     return p
 
 
 class Schedule:
-    def __init__(self, seed: int, allowed: tuple[str, ...] = EVENTS):
+    def __init__(self, seed: int, allowed: tuple[str, ...] = EVENTS, job: Plan | None = None):
+        """``job``: run this plan instead of the one the seed draws (the seed still picks the interleaving)."""
         self.seed = seed
         self.world = World(seed)
         self.kv = SimKV(self.world)
-        self.plan = plan(self.world, allowed)
+        self.plan = job or plan(seed, allowed)
         self.tmp = tempfile.mkdtemp(prefix=f"litz-sim-{seed}-")
         self.members: dict[str, Any] = {}  # ident -> Worker or Server object
         self.member_procs: dict[str, SimProcess] = {}
@@ -131,7 +137,8 @@ class Schedule:
                         num_executors=p.executors, num_shards=p.shards, min_workers=p.workers,
                         min_servers=p.servers, joblog=JobLog(progress=False), start_timeout=60.0,
                         spawn=self.spawn, checkpoint_dir=f"{self.tmp}/checkpoints" if p.checkpoint_every else None,
-                        checkpoint_every=p.checkpoint_every, listen="sim://master", wake=False)
+                        checkpoint_every=p.checkpoint_every, partial_recovery=p.partial_recovery,
+                        listen="sim://master", wake=False)
         self.master = master
         master.register()
         try:
@@ -226,12 +233,16 @@ class Schedule:
             clock.restore()
             process.resident_bytes, outofcore.background_pool = saved_rss, saved_pool
             shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.master is not None:  # what the events led to
+            for e in self.master.joblog.events:
+                if e["kind"] in OUTCOMES:
+                    self.events[e["kind"]] += 1
         return Outcome(self.seed, violations, self.events, world.now,
                        self.master.tasks_completed if self.master else 0, world.messages, log.getvalue())
 
 
-def run_schedule(seed: int, events: tuple[str, ...] = EVENTS) -> Outcome:
+def run_schedule(seed: int, events: tuple[str, ...] = EVENTS, job: Plan | None = None) -> Outcome:
     global _app
     if _app is None:
         _app = load_app("litz.sim.checkapp")
-    return Schedule(seed, events).run()
+    return Schedule(seed, events, job).run()
