@@ -684,7 +684,7 @@ class Master(Process):
                 for s in others:
                     self.send(s, (P.UNFORWARD, m.ident, self.shard_owner))
                 waiting += others + [s for s, fenced in self.exit_fences.items() if m.ident in fenced]
-                self.send(m.ident, (P.RETIRE, waiting))
+                self.send(m.ident, (P.RETIRE, waiting, last))  # fences from maps after `last` count
 
     def on_retired(self, ident: str, fenced: Iterable[str] = ()) -> None:
         """``fenced``: the servers a retiring server fenced itself, behind what it forwarded to them."""

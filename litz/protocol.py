@@ -30,7 +30,8 @@ SHARD_MOVED = "shard_moved"      # dest server -> master: (SHARD_MOVED, shard, b
 FWD_GETS = "fwd_gets"            # server -> server: (FWD_GETS, origin_worker, [(request_id, shard, key), ...])
 FWD_UPDATES = "fwd_updates"      # server -> server: (FWD_UPDATES, origin_worker, flush_id, [(shard, key, delta)])
 FENCE = "fence"                  # worker -> server that lost all its shards: (FENCE, map_version); server: -1
-RETIRE = "retire"                # master -> worker/server: (RETIRE, [worker and server ids whose fences to await])
+RETIRE = "retire"                # master -> worker/server: (RETIRE, [ids whose fences to await][, server: last map
+                                 #   version that gave it a shard: a worker's fence counts only from a later map])
 RETIRED = "retired"              # worker -> master: (RETIRED,) just before it exits; server: (RETIRED, [fenced])
 UNFORWARD = "unforward"          # master -> server: (UNFORWARD, retiring_server, shard_owners) redirect, then fence
 

@@ -31,6 +31,7 @@ from .scar import RunningCheckpoint, load_running_shard
 # A request this server forwarded to another is answered by that one within milliseconds; one forwarded to
 # a server that is lost less than this long after may never have been: partial recovery cannot be exact.
 FORWARD_SETTLE_S = 10.0
+INF = float("inf")
 
 
 def _own(value: Any) -> Any:
@@ -51,7 +52,10 @@ class Server(Process):
         self.exported: set = set()  # (shard, key) of arrays handed to ZeroMQ since their last update
         self.running = True
         self.retire_waiting: set[str] | None = None  # workers and servers whose fence we need before exiting
-        self.fences: set[str] = set()
+        self.retire_since = -1  # the last shard-map version that gave this server a shard (from RETIRE)
+        # who fenced this server -> the map version of its latest fence (a worker's: the map that dropped this
+        # server; inf: one that sends nothing more whatever the map, a server or a retired worker)
+        self.fences: dict[str, float] = {}
         self.running_ckpt = RunningCheckpoint()
 
     def run(self, start_timeout: float = 600.0) -> None:
@@ -100,12 +104,14 @@ class Server(Process):
         elif tag == P.SHARD_DATA:
             self.receive_shard(msg[1], msg[2])
         elif tag == P.FENCE:  # from a worker, or from the master for a worker that already retired
-            self.fences.add(msg[2] if len(msg) > 2 else sender)
+            who, version = (msg[2], INF) if len(msg) > 2 else (sender, msg[1] if msg[1] >= 0 else INF)
+            self.fences[who] = max(version, self.fences.get(who, -1))
             self.maybe_retire()
         elif tag == P.UNFORWARD:
             self.unforward(msg[1], msg[2])
         elif tag == P.RETIRE:
             self.retire_waiting = set(msg[1])
+            self.retire_since = msg[2] if len(msg) > 2 else -1
             self.maybe_retire()
         elif tag == P.CHECKPOINT:
             self.checkpoint(msg[1])
@@ -241,7 +247,7 @@ class Server(Process):
     def restore(self, root: str, parts: dict[int, dict]) -> None:
         self.shards.clear()
         self.forward, self.exported = {}, set()
-        self.retire_waiting, self.fences = None, set()
+        self.retire_waiting, self.retire_since, self.fences = None, -1, {}
         try:
             for shard, meta in parts.items():
                 self.shards[shard] = table = read_part(root, shard_part(shard), meta)
@@ -294,8 +300,12 @@ class Server(Process):
         self.maybe_retire()
 
     def maybe_retire(self) -> None:
-        """Exit once every worker promised (by a fence behind its last request) to send nothing more."""
-        if self.retire_waiting is not None and self.retire_waiting <= self.fences and not self.shards:
+        """Exit once every worker promised (by a fence behind its last request) to send nothing more. A worker's
+        fence counts only if the map it came with is later than the last one that gave this server a shard: a
+        server given shards again after a worker fenced it gets that worker's requests again (docs/design.md,
+        M3)."""
+        if (self.retire_waiting is not None and not self.shards
+                and all(self.fences.get(w, -1) > self.retire_since for w in self.retire_waiting)):
             fenced = sorted(self.forwarded_to)
             for dest in fenced:  # behind what was forwarded there: a retiring one may be waiting for this
                 self.send(dest, (P.FENCE, -1))

@@ -192,6 +192,26 @@ def test_a_worker_joining_as_a_shard_move_ends_is_not_awaited_by_the_old_owner()
     assert retire[1] == ["w0", "s1"]  # w0 had s0 in its map and fences it, s1 may forward to it; w1 neither
 
 
+def test_a_fence_from_before_the_servers_last_shard_does_not_let_it_retire():
+    """w0 fenced s1 at map 5 (s1 lost its shards), then a move planned earlier gave s1 shard 2 again (map 7) and
+    w0 sent it a flush part. The old fence must not let s1 exit with that part still on its way: only w0's fence
+    from a map after 7 does (docs/design.md, M3; found by python -m litz.sim, seed 3333)."""
+    from litz import protocol as P
+
+    sent: list = []
+    s1 = bare_server("s1", lambda to, msg: sent.append((to, msg)))
+    s1.handle("w0", (P.FENCE, 5))
+    s1.shards[2] = {"k": np.ones(2)}
+    s1.move_shard(2, "s0")  # map 8 takes it away again
+    s1.handle("master", (P.RETIRE, ["w0"], 7))
+    assert s1.running, "w0's fence predates s1's last shard: w0 may still send to it"
+    s1.handle("w0", (P.UPDATES, 9, [(2, "k", np.ones(2))]))  # sent under map 7: forwarded before s1 may leave
+    s1.handle("w0", (P.FENCE, 8))
+    assert not s1.running
+    assert [(to, msg[0]) for to, msg in sent] == [("s0", P.SHARD_DATA), ("s0", P.FWD_UPDATES), ("s0", P.FENCE),
+                                                  ("master", P.RETIRED)]
+
+
 def test_a_retiring_server_waits_for_what_other_servers_forward_to_it():
     """Shard 0 moved s0 -> s1, then s1 drained it to s2. A worker with a map older than both asks s0, which
     forwards to s1. The worker's own fence can reach s1 before that forward: s1 must not exit until s0 has
