@@ -88,13 +88,37 @@ def test_a_dropped_connection_is_lost_once_and_its_member_evicted():
     assert Master.find_lost(m) == [] and m.membership.evicted == ["s0"]
 
 
-def test_a_retiring_members_dropped_connection_is_not_a_loss():
+def test_a_retiring_members_dropped_connection_is_not_a_loss(monkeypatch):
+    from litz import clock
+    from litz.master import RETIRED_GRACE_S
+
+    now = [1000.0]
+    monkeypatch.setattr(clock, "time", lambda: now[0])
     m = master_with(Launcher(), alive={"w0", "w1", "s0"})
     m.workers["w0"].retire_sent = True  # scale-in: it exits once it has handed everything over
     m.endpoint.dropped.append("w0")
     assert Master.find_lost(m) == [] and m.membership.evicted == [] and m.retired == []
-    m.membership.alive.discard("w0")  # then its registration goes: that is the retirement
-    assert Master.find_lost(m) == [] and m.retired == ["w0"]
+    m.membership.alive.discard("w0")  # then its registration goes; its RETIRED message may still be on the way
+    assert Master.find_lost(m) == [] and m.retired == []
+    now[0] += RETIRED_GRACE_S / 2
+    assert Master.find_lost(m) == []
+
+
+def test_a_member_gone_without_retiring_after_retire_was_sent_is_lost(monkeypatch):
+    """Killed mid-drain, before it shipped what it held: no RETIRED comes, and after the grace it is a loss
+    (docs/design.md, M1), not a retirement that would leave its executors behind."""
+    from litz import clock
+    from litz.master import RETIRED_GRACE_S
+
+    now = [1000.0]
+    monkeypatch.setattr(clock, "time", lambda: now[0])
+    m = master_with(Launcher(), alive={"w1", "s0"})
+    m.workers["w0"].retire_sent = True
+    assert Master.find_lost(m) == []
+    now[0] += RETIRED_GRACE_S + 0.1
+    lost = Master.find_lost(m)
+    assert [x.ident for x in lost] == ["w0"] and lost[0].noticed == "exited without retiring"
+    assert m.retired == []
 
 
 class OwnView:
