@@ -121,6 +121,19 @@ def test_a_member_gone_without_retiring_after_retire_was_sent_is_lost(monkeypatc
     assert m.retired == []
 
 
+def test_a_message_to_a_peer_gone_from_the_registry_is_dropped():
+    """A server forwarding to a server that was just killed (gone from the registry) must not die of it: the
+    master recovers from that loss (docs/design.md, M4; found by python -m litz.sim, seed 57788)."""
+    sent = []
+    proc = Process.__new__(Process)
+    proc.ident, proc.epoch = "s2", 0
+    proc.membership = SimpleNamespace(member=lambda ident: None, master=lambda: {"address": "tcp://m:1"})
+    proc.endpoint = SimpleNamespace(knows=lambda peer: False, send=lambda peer, msg, p=None: sent.append(peer) or 9,
+                                    connect=lambda peer, address: None)
+    assert proc.send("s1", ("fwd_gets", "w0", [])) == 0 and sent == []
+    assert proc.send("master", ("stats", {})) == 9 and sent == ["master"]
+
+
 class OwnView:
     """A worker's view of the registry: the master's key, then whether its own registration is there."""
 

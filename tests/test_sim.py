@@ -97,6 +97,7 @@ REPLAYS = {
     169: "M2: a replacement's READY at an older epoch was dropped; the recovery gave up",
     838: "M2: the same, on another schedule",
     3333: "M3: a server retired on a fence older than its last shard; a flush part was lost (hang)",
+    57788: "M4: a server forwarding to a server just killed died of 'unknown peer'",
 }
 
 
