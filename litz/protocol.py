@@ -53,7 +53,7 @@ PRIORITY_DISTANCES = "priority_distances"    # server -> master: (PRIORITY_DISTA
 PRIORITY_SAVE = "priority_save"              # master -> server: (PRIORITY_SAVE, root, count) save your count farthest
 PRIORITY_SAVED = "priority_saved"  # server -> master: (PRIORITY_SAVED, values saved, held, keys saved, held, error)
 RESTORE_SHARDS = "restore_shards"  # master -> live server: (RESTORE_SHARDS, source, root, {shard: meta}, lost, owners)
-SERVERS_LOST = "servers_lost"      # master -> worker: (SERVERS_LOST, lost idents, shard_map_message): ask again
+SERVERS_LOST = "servers_lost"      # master -> worker: (SERVERS_LOST, lost idents, shard_map_message, live servers)
 
 # out-of-core (thesis §4.8)
 MEMORY_LIMIT = "memory_limit"  # master -> worker: (MEMORY_LIMIT, bytes or None)

@@ -383,7 +383,7 @@ class Recovery:
         self.await_restored()
         self.restoring = {"waiting": set(m.workers), "error": None}
         for ident in m.workers:  # after the restores: what a worker sends again must find the restored shards
-            m.send(ident, (P.SERVERS_LOST, lost_ids, m.map_message()))
+            m.send(ident, (P.SERVERS_LOST, lost_ids, m.map_message(), live))
         self.await_restored()
         self.restoring = None
         m.joblog.event("partial_recovery", lost=lost_ids, noticed={x.ident: x.noticed for x in lost}, source=source,

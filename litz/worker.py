@@ -211,7 +211,7 @@ class Worker(Process):
             if msg[1] is not None:
                 self.enforce_budget()
         elif tag == P.SERVERS_LOST:
-            self.servers_lost(set(msg[1]), msg[2])
+            self.servers_lost(set(msg[1]), msg[2], set(msg[3]) if len(msg) > 3 else None)
         elif not self.handle_lifecycle(tag, msg):
             self.fail(f"worker {self.ident}", f"unexpected message {tag!r} from {sender}")
 
@@ -357,16 +357,21 @@ class Worker(Process):
     def peer_rejoined(self, ident: str) -> None:
         self.lost_servers.discard(ident)  # what it sends comes from the new process: not a late answer
 
-    def servers_lost(self, lost: set[str], shard_map: tuple) -> None:
+    def servers_lost(self, lost: set[str], shard_map: tuple, live: set[str] | None = None) -> None:
         """SCAR partial recovery: the live servers hold the lost shards now (restored from a checkpoint).
         Ask their new owners what the lost servers never answered: outstanding gets, and the parts of update
         flushes they never acknowledged. Nothing else changes, so no task runs twice and the live servers see
         every update once. A flush whose acknowledgements cannot all be matched to the parts sent (a moving
         shard's server forwarded some of it) might have had updates at a lost server, or might not: sending
         them again could apply them twice, so the worker refuses, and the master restores the whole job
-        from a full checkpoint instead."""
+        from a full checkpoint instead. So it does for a part sent to a server no longer in the job (``live``:
+        the servers that are): it retired after forwarding the part, maybe to a lost server. Gets change
+        nothing, so every outstanding one is asked again, also those a server that has retired since passed
+        on to a lost one (docs/design.md, S1); a late first answer wins, the other is ignored."""
         unmatched = [fid for fid, entry in self.flushing.items()
-                     if entry[0] > sum(len(items) for items in entry[2].values())]
+                     if entry[0] > sum(len(items) for items in entry[2].values())
+                     or (live is not None and any((p if isinstance(p, str) else p[0]) not in live | lost
+                                                  for p in entry[2]))]
         if unmatched:
             self.send("master", (P.RESTORE_FAILED, f"worker {self.ident}: update flushes {unmatched} were partly "
                                                    f"forwarded by a moving shard's server: not sure what was lost"))
@@ -377,11 +382,10 @@ class Worker(Process):
             self.out_gets.pop(server, None)
         self.on_shard_map(shard_map[1], list(shard_map[2]), shard_map[3])
         shard_of, owners = self.shardmap.shard, self.shardmap.owners
-        for rid, fetch in self.fetches.items():
-            if fetch.server in lost:  # its answer is not live: the map change invalidated every entry
-                shard = shard_of(fetch.key)
-                fetch.server = owners[shard]
-                self.out_gets[fetch.server].append((rid, shard, fetch.key))
+        for rid, fetch in self.fetches.items():  # its answer is not live: the map change invalidated every entry
+            shard = shard_of(fetch.key)
+            fetch.server = owners[shard]
+            self.out_gets[fetch.server].append((rid, shard, fetch.key))
         for fid, entry in self.flushing.items():
             by_server = entry[2]
             for part in [p for p in by_server if (p if isinstance(p, str) else p[0]) in lost]:

@@ -98,6 +98,7 @@ REPLAYS = {
     838: "M2: the same, on another schedule",
     3333: "M3: a server retired on a fence older than its last shard; a flush part was lost (hang)",
     57788: "M4: a server forwarding to a server just killed died of 'unknown peer'",
+    89124: "S1: a get a retired server passed on to a lost one was never asked again (hang)",
 }
 
 
