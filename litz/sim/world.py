@@ -129,8 +129,7 @@ class World:
 
     # -- processes -----------------------------------------------------------------------------------
     def start(self, name: str, body: Callable[[SimProcess], Any]) -> SimProcess:
-        self._next_pid += 1
-        proc = SimProcess(self, name, self._next_pid, body)
+        proc = SimProcess(self, name, self.new_pid(), body)
         self.processes.append(proc)
         self.at(self.now + self.rng.uniform(0, 0.01), lambda: self._resume(proc, None))
         return proc
