@@ -1,12 +1,18 @@
 """The app every simulated schedule runs: small tasks whose reads prove the consistency rule.
 
-Each executor runs ``rounds`` tasks one after another (the driver dispatches the next when the last
-completes). Task ``r`` of executor ``e`` reads a few counter keys, adds one to each, and reports what it
-read. The driver knows, for every key, how many completed tasks wrote it before each dispatch and how many
-tasks that write it were dispatched at all, so every read is checked against both bounds:
+Each executor runs ``rounds`` tasks. Without ``staleness`` in the config they run one after another (the
+driver dispatches an executor's next task when its last completes); with it, the driver dispatches whole
+iterations through :class:`litz.ssp.SSP`, so up to ``staleness + 1`` tasks of one executor are in flight and
+may interleave on their worker. Task ``r`` of executor ``e`` reads a few counter keys, adds one to each, and
+reports what it read. The driver knows, for every key, how many completed tasks wrote it before each dispatch
+and how many tasks that write it were dispatched at all, so every read is checked against both bounds:
 
 - at least the writes of every task completed before the reader's dispatch (the consistency rule);
 - at most the writes of every task dispatched before the reader completed (nothing applied twice).
+
+Under SSP a task of iteration ``i`` must also see every write of iterations ``<= i - s - 1`` and none of
+iterations ``>= i + s + 1`` (the SSP bound), counted from the plan itself, not from the dispatch
+order, so a dispatch frontier that runs ahead is caught even where the consistency rule still holds.
 
 Executor state (``ran``) must equal the tasks the driver saw complete for it: it survived moves, evictions
 and recoveries intact. Input data (``data``, fixed, and ``tag``, re-assigned by every task) must be what the
@@ -24,6 +30,7 @@ import numpy as np
 import litz
 from litz.keys import ShardMap
 from litz.sim import checks
+from litz.ssp import SSP
 
 WIDTH = 3  # entries per counter: all must agree (a torn or partial update shows)
 
@@ -43,25 +50,42 @@ class CheckDriver(litz.Driver):
         self.completed: dict = defaultdict(int)  # key -> writes by completed tasks
         self.dispatched: dict = defaultdict(int)  # key -> writes by dispatched tasks
         self.tainted: set = set()  # keys of shards SCAR partial recovery put back to a checkpoint
+        staleness = self.config.get("staleness")
+        self.ssp = None if staleness is None else SSP(self, int(staleness), self.rounds, task_args=self.task_args)
+        self.seen: set = set()  # (executor, round) completed, under SSP (rounds of one executor end in any order)
+        if self.ssp is not None:
+            self.ssp.start()
+            return
         for e in range(self.num_executors):
-            self.send(e)
+            self.dispatch_task(e, self.task_args(0, e))
 
-    def send(self, e: int) -> None:
-        r = self.done[e]
+    def task_args(self, r: int, e: int) -> tuple:
+        """Round ``r`` of executor ``e``, called as it is dispatched: what it may read is fixed now."""
         keys = keys_of(e, r, self.num_keys)
         for k in keys:
             self.dispatched[k] += 1
-        self.dispatch_task(e, (r, keys, [self.completed[k] for k in keys]))
+        return r, keys, [self.completed[k] for k in keys]
+
+    def writes_before(self, key: tuple, r: int) -> int:
+        """How many tasks of rounds ``< r`` write ``key``: the plan's count, independent of any dispatch."""
+        return sum(key in keys_of(e, j, self.num_keys) for e in range(self.num_executors)
+                   for j in range(max(0, min(r, self.rounds))))
 
     def handle_task_completion(self, result: tuple) -> None:
         if result[0] == "verify":
             self.verified(*result[1:])
             return
         e, r, ran, reads, lows = result
-        if r != self.done[e]:
-            checks.violation(f"executor {e}: completion of round {r}, expected round {self.done[e]}")
-        if ran != r:
-            checks.violation(f"executor {e} round {r}: executor state says {ran} tasks ran before it")
+        if self.ssp is None:
+            if r != self.done[e]:
+                checks.violation(f"executor {e}: completion of round {r}, expected round {self.done[e]}")
+            if ran != r:
+                checks.violation(f"executor {e} round {r}: executor state says {ran} tasks ran before it")
+        else:
+            if (e, r) in self.seen:
+                checks.violation(f"executor {e}: round {r} completed twice")
+            self.seen.add((e, r))
+            self.check_ssp_bound(e, r, reads)
         for (k, value), low in zip(reads, lows, strict=True):
             if value < low and k not in self.tainted:
                 checks.violation(f"consistency: executor {e} round {r} read {k} = {value}, but {low} writes "
@@ -72,10 +96,25 @@ class CheckDriver(litz.Driver):
         for k, _ in reads:
             self.completed[k] += 1
         self.done[e] += 1
-        if self.done[e] < self.rounds:
-            self.send(e)
+        if self.ssp is not None:
+            self.ssp.complete(r)
+            if self.ssp.done:
+                self.verify()
+        elif self.done[e] < self.rounds:
+            self.dispatch_task(e, self.task_args(self.done[e], e))
         elif all(d >= self.rounds for d in self.done):
             self.verify()
+
+    def check_ssp_bound(self, e: int, r: int, reads: list) -> None:
+        s = self.ssp.staleness
+        for k, value in reads:
+            low, high = self.writes_before(k, r - s), self.writes_before(k, r + s + 1) - 1  # -1: its own write
+            if value < low and k not in self.tainted:
+                checks.violation(f"ssp: executor {e} round {r} read {k} = {value}, but rounds <= {r - s - 1} "
+                                  f"write it {low} times (staleness {s})")
+            if value > high:
+                checks.violation(f"ssp: executor {e} round {r} read {k} = {value}, but rounds <= {r + s} write "
+                                  f"it only {high} times besides it (staleness {s})")
 
     def handle_partial_recovery(self, info: dict) -> Any:
         """SCAR partial recovery puts the lost servers' shards back to a checkpoint: their keys lose the writes
@@ -97,7 +136,9 @@ class CheckDriver(litz.Driver):
         for e in range(self.num_executors):
             self.dispatch_task(e, ("verify", keys, [self.completed[k] for k in keys]))
 
-    def verified(self, e: int, reads: list, expected: list) -> None:
+    def verified(self, e: int, ran: int, reads: list, expected: list) -> None:
+        if ran != self.rounds:
+            checks.violation(f"executor {e}: executor state says {ran} tasks ran, {self.rounds} completed")
         for (k, value), n in zip(reads, expected, strict=True):
             if value > n or (value != n and k not in self.tainted):
                 checks.violation(f"total: executor {e} read {k} = {value} at the end, {n} writes completed")
@@ -121,7 +162,7 @@ class CheckExecutor(litz.Executor):
         r, keys, lows = args
         e = self.executor_id
         if r == "verify":
-            return "verify", e, self.read(keys, r), lows
+            return "verify", e, self.ran, self.read(keys, r), lows
         if not np.array_equal(self.data, np.arange(64, dtype=np.int64) + 1000 * e):
             checks.violation(f"executor {e} round {r}: input data changed")
         tag = int(self.tag[0])
@@ -131,9 +172,9 @@ class CheckExecutor(litz.Executor):
         if tag != -1 and tag < self.last_tag:
             checks.violation(f"executor {e} round {r}: input tag is {tag}, last assigned {self.last_tag}")
         ran = self.ran
-        reads = self.read(keys, r)
+        reads = self.read(keys, r)  # may switch to another task of this executor (under SSP)
         self.ps_update_many((k, np.ones(WIDTH, dtype=np.int64)) for k in keys)
-        self.ran = ran + 1
+        self.ran += 1
         self.last_tag = self.ran
         self.tag = np.full(4, self.ran, dtype=np.int64)  # a new object each task: the out-of-core id trap
         return e, r, ran, reads, lows

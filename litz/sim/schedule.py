@@ -61,6 +61,7 @@ class Plan:
     checkpoint_every: float | None
     partial_recovery: bool
     events: list[tuple[float, str, Any]]
+    staleness: int | None = None  # None: each executor's tasks one after another; else SSP with this bound
 
 
 def plan(seed: int, allowed: tuple[str, ...]) -> Plan:
@@ -87,6 +88,7 @@ def plan(seed: int, allowed: tuple[str, ...]) -> Plan:
             arg = None
         p.events.append((t, kind, arg))
     p.partial_recovery = checkpoints and rng.random() < 0.3
+    p.staleness = rng.choice([None, None, 0, 1, 2])
     return p
 
 
@@ -133,7 +135,7 @@ class Schedule:
 
         p = self.plan
         membership = Membership(self.kv, JOB, pid=proc.pid)
-        master = Master(_app, membership, "sim", config={"rounds": p.rounds, "keys": p.keys},
+        master = Master(_app, membership, "sim", config={"rounds": p.rounds, "keys": p.keys, "staleness": p.staleness},
                         num_executors=p.executors, num_shards=p.shards, min_workers=p.workers,
                         min_servers=p.servers, joblog=JobLog(progress=False), start_timeout=60.0,
                         spawn=self.spawn, checkpoint_dir=f"{self.tmp}/checkpoints" if p.checkpoint_every else None,
