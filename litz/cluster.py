@@ -14,7 +14,7 @@ from .roles import job_secret
 from .security import new_secret
 
 
-def run_master(app: Any, name: str, *, etcd: str | None, home: str | None = None,
+def run_master(app: Any, name: str, *, etcd: Any, home: str | None = None,
                secret_file: str | None = None, **job: Any) -> Any:
     app = resolve_app(app)
     membership = Membership(connect_kv(etcd, home), name)
@@ -22,4 +22,5 @@ def run_master(app: Any, name: str, *, etcd: str | None, home: str | None = None
         return run_job(app, membership, job_secret(membership, secret_file), **job)
     secret = new_secret()
     # published only once this master has won the job's name, so a refused second master changes nothing
-    return run_job(app, membership, secret, on_registered=lambda: membership.put("secret", secret), **job)
+    return run_job(app, membership, secret, on_registered=lambda: membership.put("secret", secret, keep=True),
+                   **job)

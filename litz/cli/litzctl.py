@@ -9,17 +9,18 @@ import time
 
 from ..errors import LitzError
 from ..membership import Membership, connect_kv
-from .common import Parser, main_guard
+from .common import ETCD_ARGS, Parser, add_etcd_options, etcd_options, main_guard
 
 DESCRIPTION = """Look at and steer a running Litz job. Local jobs (litz run) are found in the registry
 directory ($LITZ_HOME, default ~/.litz); cluster jobs through --etcd."""
 
 REQUEST_TIMEOUT_S = 30.0
+LITZCTL_ETCD_TIMEOUT_S = 10.0  # a person waits at the prompt: say "unreachable since ..." soon
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="litzctl", description=DESCRIPTION)
-    p.add_argument("--etcd", metavar="HOST:PORT", help="etcd of a cluster job (default: local registry)")
+    add_etcd_options(p, "etcd of a cluster job (default: the local registry)")
     p.add_argument("--name", help="the job's name (see `litzctl list`)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     sub.add_parser("list", help="jobs in the registry")
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     def body() -> int:
-        kv = connect_kv(args.etcd)
+        kv = connect_kv(etcd_options(args, default_timeout=LITZCTL_ETCD_TIMEOUT_S))
         if args.command == "list":
             jobs = sorted({k.split("/")[2] for k in kv.get_prefix("litz/jobs/") if k.endswith("/master")})
             print("\n".join(jobs) if jobs else "no running jobs")
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise LitzError(f"job {args.name!r} has not published its status yet; try again")
             print(json.dumps(st, indent=1) if args.json else format_status(st))
             return 0
-        request = {k: v for k, v in vars(args).items() if k not in ("etcd", "name", "command")}
+        request = {k: v for k, v in vars(args).items() if k not in ("name", "command", *ETCD_ARGS)}
         t0 = time.time()
         rid = job.post_request(args.command, request)
         wake(master)

@@ -408,6 +408,9 @@ class SimKV:
         self.leases.append(lease)
         return lease
 
+    def fail_fast_while_down(self, on: bool = True) -> None:
+        """Never unreachable: nothing to change."""
+
     def close(self) -> None:
         pass
 
