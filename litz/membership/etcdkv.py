@@ -122,6 +122,7 @@ class EtcdKV:
         self.outages: list[tuple[float, float]] = []  # (down since, up again), for the job's events
         self._fail_fast = False
         self._client: Any = None
+        self._failed: dict[str, float] = {}  # member 'host:port' -> when a call to it last failed
         self._lock = threading.Lock()
         self._call(lambda c: c.status(), "connect")
 
@@ -141,8 +142,13 @@ class EtcdKV:
         creds = (MultiEndpointEtcd3Client.get_secure_creds(o.cacert, o.key, o.cert) if o.cacert else None)
         endpoints = [Endpoint(host, port, secure=creds is not None, creds=creds, time_retry=ENDPOINT_RETRY_S)
                      for host, port in o.hosts()]
-        return MultiEndpointEtcd3Client(endpoints=endpoints, timeout=self.rpc_timeout, user=o.user,
-                                        password=o.password, failover=True)
+        client = MultiEndpointEtcd3Client(endpoints=endpoints, timeout=self.rpc_timeout, user=o.user,
+                                          password=o.password, failover=True)
+        # the first member in the order given that has not failed lately (else the one that failed longest ago)
+        now = time.time()
+        fresh = [ep.netloc for ep in endpoints if now - self._failed.get(ep.netloc, 0.0) > ENDPOINT_RETRY_S]
+        client._current_endpoint_label = fresh[0] if fresh else min(self._failed, key=self._failed.__getitem__)
+        return client
 
     def _current(self) -> Any:
         with self._lock:
@@ -163,7 +169,9 @@ class EtcdKV:
                 if why:
                     raise LitzError(f"etcd at {self.endpoint} refused to {what}: {why}") from None
                 with self._lock:
-                    self._client = None  # new channels (and a new auth token) on the next try
+                    if self._client is not None and self._client.endpoint_in_use is not None:
+                        self._failed[self._client.endpoint_in_use.netloc] = time.time()
+                    self._client = None  # new channels (and a new auth token) on the next try, elsewhere
                 now = time.time()
                 if self.down_since is None:
                     self.down_since = now
@@ -171,8 +179,8 @@ class EtcdKV:
                 if probe or self._fail_fast:
                     raise RegistryUnavailable(self.endpoint, self.down_since, self.last_error) from None
                 if now + delay - self.down_since > self.options.timeout:
-                    raise LitzError(f"etcd at {self.endpoint} is unreachable ({self.last_error}); gave up after "
-                                    f"{now - self.down_since:.0f} s (--etcd-timeout)") from None
+                    down = RegistryUnavailable(self.endpoint, self.down_since, self.last_error)
+                    raise LitzError(f"{down}; gave up (--etcd-timeout)") from None
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
                 continue
