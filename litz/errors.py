@@ -4,6 +4,8 @@ import time
 import traceback
 from collections.abc import Iterator
 
+from . import clock
+
 
 class LitzError(Exception):
     """A user-facing problem (bad input, unreachable service, lost process): printed as one line."""
@@ -15,12 +17,12 @@ class RegistryUnavailable(LitzError):
     def __init__(self, where: str, since: float, why: str = ""):
         self.since = since
         when = time.strftime("%H:%M:%S", time.localtime(since))
-        super().__init__(f"etcd at {where} unreachable since {when} ({time.time() - since:.0f} s)"
+        super().__init__(f"etcd at {where} unreachable since {when} ({clock.time() - since:.0f} s)"
                          + (f": {why}" if why else ""))
 
     @property
     def down_for(self) -> float:
-        return time.time() - self.since
+        return clock.time() - self.since
 
 
 class InputError(LitzError):

@@ -861,6 +861,8 @@ class Master(Process):
             self.maybe_end_operation()
 
     def check_members(self) -> None:
+        if self._held:
+            self.send_held()
         self.check_spawning()
         lost = self.find_lost()
         if lost:

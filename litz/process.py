@@ -13,6 +13,7 @@ from . import protocol as P
 from .endpoint import listen_address, open_endpoint
 from .errors import LitzError, RegistryUnavailable
 from .membership import Membership
+from .membership.membership import REREGISTER_GRACE_S
 
 # A member takes the job for over once the master's registry key has been missing this long (a finished job
 # tells its members to stop over the data plane first: this is the fallback for a master that died), so that
@@ -103,6 +104,7 @@ class Process:
         self.drain_requested = False
         self._drain_sent = 0.0
         self._master_missing_since: float | None = None
+        self._held: dict[str, list[tuple[Any, Any]]] = {}  # peer -> messages waiting for the registry to name it
         self.stopped = False  # the master told it to stop: the job is over, nothing left to deliver
 
     def handle_lifecycle(self, tag: str, msg: tuple) -> bool:
@@ -132,6 +134,8 @@ class Process:
         so that a supervisor sees a failed process and can start a new one, which joins afresh. A registry
         that cannot be read changes nothing until ``--etcd-timeout`` has passed (docs/design.md, R1)."""
         try:
+            if self._held:
+                self.send_held()
             if self.master_gone():
                 return False
             if self.membership.evicted():
@@ -181,7 +185,7 @@ class Process:
         """Connect to ``peer`` (by its registry entry) unless connected already."""
         ep = self.endpoint
         if not ep.knows(peer):
-            info = self.membership.master() if peer == "master" else self.membership.member_or_last_known(peer)
+            info = self.membership.master() if peer == "master" else self.membership.member(peer)
             if info is None:
                 raise LitzError(f"{self.ident}: unknown peer {peer}")
             ep.connect(peer, info["address"])
@@ -190,11 +194,38 @@ class Process:
         """Send ``msg`` to ``peer``; 0 bytes if the peer is gone from the registry: a lost process, whose loss the
         master handles (the message would be lost on the way to it as well), must not take this one down
         (docs/design.md, M4)."""
+        held = self._held.get(peer)
+        if held is not None:  # earlier messages wait for its address: this one waits behind them
+            held.append(((self.epoch, copy.deepcopy(msg)), pickler))
+            return 0
         try:
             self.reach(peer)
-        except LitzError:
+        except LitzError as exc:
+            # unknown is not absent (R1), nor is a peer missing from a registry that just came back empty and
+            # that it has not written its key to again yet (R3): wait until the registry can tell
+            if isinstance(exc, RegistryUnavailable) or not self.registry_settled():
+                self._held[peer] = [((self.epoch, copy.deepcopy(msg)), pickler)]
             return 0
         return self.endpoint.send(peer, (self.epoch, msg), pickler)
+
+    def registry_settled(self) -> bool:
+        """Whether a peer missing from the registry is gone (M4), not yet registered again (R3)."""
+        try:
+            return self.membership.settled_for() >= REREGISTER_GRACE_S
+        except RegistryUnavailable:
+            return False
+
+    def send_held(self) -> None:
+        """Send what waited for the registry to name its peer (called once a second, from the registry check)."""
+        for peer in list(self._held):
+            try:
+                self.reach(peer)
+            except LitzError as exc:
+                if not isinstance(exc, RegistryUnavailable) and self.registry_settled():
+                    del self._held[peer]  # gone from the registry: lost with the peer, as any message to it (M4)
+                continue
+            for wrapped, pickler in self._held.pop(peer):
+                self.endpoint.send(peer, wrapped, pickler)
 
     def receive(self) -> Iterator[tuple[str, Any]]:
         """Messages received so far that belong to this process's epoch."""

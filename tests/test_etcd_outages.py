@@ -141,3 +141,48 @@ def test_litzctl_says_since_when_etcd_is_unreachable(etcd):
     line = res.stderr.strip().splitlines()[-1]
     assert line.startswith(f"litzctl: error: etcd at {e} unreachable since"), res.stderr
     assert "gave up (--etcd-timeout)" in line and time.time() - t0 < 20
+
+
+FAILING_APP = '''
+import litz
+
+
+class D(litz.Driver):
+    def dispatch_initial_tasks(self):
+        for e in range(self.num_executors):
+            self.dispatch_task(e, e)
+
+    def handle_task_completion(self, result):
+        pass
+
+
+class E(litz.Executor):
+    def run_task(self, args):
+        if args == 1:
+            raise RuntimeError("planted failure")
+        return args
+'''
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_or_stopped_job_removes_its_keys(etcd, tmp_path):
+    e = etcd.endpoint
+    app = tmp_path / "failing.py"
+    app.write_text(FAILING_APP)
+    with Processes() as procs:
+        master = procs.start(["litz", "master", str(app), "--etcd", e, "--name", "fails", "--executors", "2",
+                              "--no-progress"])
+        procs.start(role("worker", e, "fails"))
+        procs.start(role("server", e, "fails"))
+        _, stderr = master.communicate(timeout=60)
+        assert master.returncode == 1 and "planted failure" in stderr, stderr
+    assert job_keys(e, "fails") == {}
+
+    with Processes() as procs:
+        master = start_job(procs, e, "stopped", tmp_path / "out.json")
+        wait_for(lambda: (s := status("stopped", e)) and s["tasks_completed"] > 0, 60, "the job running")
+        assert job_keys(e, "stopped")  # secret, ids, members, status...
+        res = run_cli(["litzctl", "--etcd", e, "--name", "stopped", "stop"], timeout=60)
+        assert res.returncode == 0, res.stderr
+        master.communicate(timeout=60)
+    assert job_keys(e, "stopped") == {}

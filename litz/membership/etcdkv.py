@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import clock
 from ..errors import LitzError, RegistryUnavailable
 
 RPC_TIMEOUT_S = 2.0  # one call to one endpoint
@@ -172,7 +173,7 @@ class EtcdKV:
                     if self._client is not None and self._client.endpoint_in_use is not None:
                         self._failed[self._client.endpoint_in_use.netloc] = time.time()
                     self._client = None  # new channels (and a new auth token) on the next try, elsewhere
-                now = time.time()
+                now = clock.time()
                 if self.down_since is None:
                     self.down_since = now
                 self.last_error = f"{what}: {type(exc).__name__}"
@@ -181,11 +182,11 @@ class EtcdKV:
                 if now + delay - self.down_since > self.options.timeout:
                     down = RegistryUnavailable(self.endpoint, self.down_since, self.last_error)
                     raise LitzError(f"{down}; gave up (--etcd-timeout)") from None
-                time.sleep(delay)
+                clock.sleep(delay)
                 delay = min(delay * 2, 2.0)
                 continue
             if self.down_since is not None:
-                self.outages.append((self.down_since, time.time()))
+                self.outages.append((self.down_since, clock.time()))
                 self.down_since = None
             return result
 

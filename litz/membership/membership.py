@@ -57,7 +57,6 @@ class Membership:
         self._owned: dict[str, tuple[Any, bool]] = {}  # key -> (value, leased): rewritten after a lapse (R2)
         self._settled_since: float | None = None  # since when our lease has held without a break (R3)
         self._evictions: set[str] = set()  # eviction markers not yet written (the registry was down)
-        self._addresses: dict[str, dict] = {}  # last registry entry read per member: used while it is down (R1)
         self.reregistrations = 0
 
     # -- own registration ----------------------------------------------------------------------------
@@ -65,9 +64,9 @@ class Membership:
         if self._lease is None:
             self._lease = self.kv.lease(self.ttl)
             self._settled_since = clock.time()
-            if getattr(self._lease, "renews_itself", False):  # a simulated registry keeps it while we live
-                return self._lease
             self.kv.fail_fast_while_down()  # the keeper probes the registry from now on (R1)
+            if getattr(self._lease, "renews_itself", False):  # litz.sim keeps it, and calls tend() itself
+                return self._lease
             self._keeper = threading.Thread(target=self._keepalive, name="litz-lease", daemon=True)
             self._keeper.start()
         return self._lease
@@ -85,7 +84,12 @@ class Membership:
         lease = self._lease
         if lease is None or self.lost.is_set():
             return
-        if lease.refresh():
+        try:
+            alive = lease.refresh()
+        except LitzError:  # unreachable: whatever the registry says when it is back is not settled yet (R3)
+            self._settled_since = None
+            raise
+        if alive:
             if self._settled_since is None:
                 self._settled_since = clock.time()
             self._write_evictions()
@@ -110,9 +114,16 @@ class Membership:
         self._settled_since = clock.time()
 
     def settled_for(self) -> float:
-        """Seconds our registration has held in a reachable registry without a break (0 if it does not now)."""
+        """Seconds our registration has held in a reachable registry without a break (0 if it does not now).
+        Reads our own key: a registry that lost it between two keeper steps is not settled (R3)."""
         since = self._settled_since
-        return 0.0 if since is None else clock.time() - since
+        if since is None:
+            return 0.0
+        mine = next(iter(self._owned.items()), None)  # the master's key, or a member's own, written first
+        if mine is not None and mine[1][1] and self.kv.get(mine[0]) is None:
+            self._settled_since = None
+            return 0.0
+        return clock.time() - since
 
     def registry_down_since(self) -> float | None:
         """When the registry stopped answering (None while it answers)."""
@@ -209,22 +220,10 @@ class Membership:
 
     def members(self) -> dict[str, dict]:
         n = len(self.prefix) + len("members/")
-        found = {k[n:]: v for k, v in self.kv.get_prefix(self.prefix + "members/").items()}
-        self._addresses.update(found)
-        return found
+        return {k[n:]: v for k, v in self.kv.get_prefix(self.prefix + "members/").items()}
 
     def member(self, ident: str) -> dict | None:
-        info = self.kv.get(self.prefix + "members/" + ident)
-        if info is not None:
-            self._addresses[ident] = info
-        return info
-
-    def member_or_last_known(self, ident: str) -> dict | None:
-        """``ident``'s registry entry; while the registry is down, the last one read (R1)."""
-        try:
-            return self.member(ident)
-        except RegistryUnavailable:
-            return self._addresses.get(ident)
+        return self.kv.get(self.prefix + "members/" + ident)
 
     def wait_master(self, timeout: float) -> dict:
         deadline = clock.time() + timeout
