@@ -33,8 +33,8 @@ def make_certificates(d) -> dict:
 def enable_auth(endpoint: str, tls: dict, password: str) -> None:
     """root (needed to turn auth on) and a user 'litz' that may only read and write keys under 'litz/'."""
     from pyetcd.client import Endpoint, MultiEndpointEtcd3Client
-    from pyetcd.etcdrpc import rpc_pb2 as rpc
     from pyetcd.etcdrpc import auth_pb2 as auth
+    from pyetcd.etcdrpc import rpc_pb2 as rpc
 
     creds = MultiEndpointEtcd3Client.get_secure_creds(tls["ca"], tls["key"], tls["cert"])
     host, port = endpoint.rsplit(":", 1)
