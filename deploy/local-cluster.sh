@@ -10,6 +10,7 @@
 # Environment: LITZ_APP (default apps.mlr), LITZ_CONFIG (default "synthetic=1", "synthetic=1 epochs=60"
 # with --elastic), WORKERS (2), SERVERS (1), ETCD_BIN (etcd on $PATH), KEEP=1 keeps the temporary
 # directory with the logs. Needs `pip install -e ".[apps]"` and an etcd binary (apt-get install etcd-server).
+# With openssl, etcd serves TLS with client certificates, as in the other deployments (see below).
 # Every process it starts is stopped when it exits, also on an error or Ctrl-C.
 set -euo pipefail
 
@@ -17,7 +18,7 @@ ELASTIC=0
 case "${1:-}" in
     --elastic) ELASTIC=1 ;;
     "") ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "usage: $0 [--elastic]" >&2; exit 2 ;;
 esac
 
@@ -76,34 +77,39 @@ fail() { echo "local-cluster: $*" >&2; STATUS=1; exit 1; }
 step() { echo "[local-cluster $(date +%T)] $*"; }
 
 # -- etcd: a temporary single-member cluster on free ports -----------------------------------------------
+# 127.0.0.1 is not private: every user of this machine can connect to it. The master publishes the job
+# secret in etcd, and whoever can read etcd can join the job (send pickles that its processes unpickle) and
+# steer it. So etcd serves only TLS and accepts only clients with the certificate that make-etcd-certs.sh
+# puts in $TMP, which only you can read. Without openssl, etcd runs without TLS and the script says so.
+# That is acceptable only on a machine nobody else uses.
 CLIENT_PORT=$(free_port)
 PEER_PORT=$(free_port)
 ETCD=$HOST:$CLIENT_PORT
-step "etcd on $ETCD (data in $TMP/etcd)"
+ETCD_OPTS=(--etcd "$ETCD")                   # how every litz and litzctl below reaches etcd
+if command -v openssl >/dev/null; then
+    bash deploy/make-etcd-certs.sh "$TMP/tls" >/dev/null || fail "deploy/make-etcd-certs.sh failed"
+    SCHEME=https
+    ETCD_TLS=(--cert-file "$TMP/tls/server.crt" --key-file "$TMP/tls/server.key" --client-cert-auth --trusted-ca-file "$TMP/tls/ca.crt")
+    ETCD_OPTS+=(--etcd-cacert "$TMP/tls/ca.crt" --etcd-cert "$TMP/tls/client.crt" --etcd-key "$TMP/tls/client.key")
+else
+    SCHEME=http
+    ETCD_TLS=()
+    echo "local-cluster: openssl not found: etcd without TLS, and any user of this machine can join the job" >&2
+fi
+step "etcd on $SCHEME://$ETCD (data in $TMP/etcd)"
 "$ETCD_BIN" --name litz-local --data-dir "$TMP/etcd" \
-    --listen-client-urls "http://$ETCD" --advertise-client-urls "http://$ETCD" \
+    --listen-client-urls "$SCHEME://$ETCD" --advertise-client-urls "$SCHEME://$ETCD" "${ETCD_TLS[@]}" \
     --listen-peer-urls "http://$HOST:$PEER_PORT" --initial-advertise-peer-urls "http://$HOST:$PEER_PORT" \
     --initial-cluster "litz-local=http://$HOST:$PEER_PORT" >"$TMP/etcd.log" 2>&1 &
 ETCD_PID=$!
-python3 - "$ETCD" <<'EOF' || fail "etcd did not become healthy (see $TMP/etcd.log)"
-import sys, time, urllib.request
-deadline = time.time() + 20
-while True:
-    try:
-        with urllib.request.urlopen(f"http://{sys.argv[1]}/health", timeout=1) as r:
-            if b"true" in r.read():
-                break
-    except OSError:
-        pass
-    if time.time() > deadline:
-        sys.exit(1)
-    time.sleep(0.1)
-EOF
+# litzctl waits up to --etcd-timeout for etcd, and with TLS checks the certificates on the way
+litzctl "${ETCD_OPTS[@]}" --etcd-timeout 20 list >/dev/null 2>"$TMP/etcd-wait.log" \
+    || fail "etcd did not become healthy (see $TMP/etcd.log and $TMP/etcd-wait.log)"
 
 # -- the job: master first (it publishes the job secret), then servers and workers in any order ------------
 step "master: litz master $APP --config $CONFIG (job $JOB)"
 # shellcheck disable=SC2086  # CONFIG is a list of key=value words
-litz master "$APP" --etcd "$ETCD" --name "$JOB" --host "$HOST" --config $CONFIG \
+litz master "$APP" "${ETCD_OPTS[@]}" --name "$JOB" --host "$HOST" --config $CONFIG \
     --min-workers "$WORKERS" --min-servers "$SERVERS" --output "$TMP/result.json" --no-progress \
     >"$TMP/master.out" 2>"$TMP/master.log" &
 MASTER_PID=$!
@@ -113,7 +119,7 @@ ROLE_PIDS=()
 start_role() {   # start_role worker|server [litz options...]
     local role=$1 n=${#ROLE_PIDS[@]}
     shift
-    litz "$role" --etcd "$ETCD" --name "$JOB" --host "$HOST" "$@" >"$TMP/$role-$n.log" 2>&1 &
+    litz "$role" "${ETCD_OPTS[@]}" --name "$JOB" --host "$HOST" "$@" >"$TMP/$role-$n.log" 2>&1 &
     PIDS+=("$!")
     ROLE_PIDS+=("$!")
 }
@@ -121,7 +127,7 @@ for _ in $(seq "$SERVERS"); do start_role server; done
 for _ in $(seq "$WORKERS"); do start_role worker; done
 step "started $SERVERS server(s) and $WORKERS worker(s)"
 
-ctl() { litzctl --etcd "$ETCD" --name "$JOB" "$@"; }
+ctl() { litzctl "${ETCD_OPTS[@]}" --name "$JOB" "$@"; }
 
 # -- watch it: the master publishes its status once the job has started ----------------------------------
 for _ in $(seq 300); do
@@ -140,7 +146,7 @@ fi
 if [ "$ELASTIC" = 1 ]; then
     kill -0 "$MASTER_PID" 2>/dev/null || fail "the job ended before the elastic test; use a longer LITZ_CONFIG"
     step "scale out: a worker with --id extra-worker joins"
-    litz worker --etcd "$ETCD" --name "$JOB" --host "$HOST" --id extra-worker >"$TMP/worker-extra.log" 2>&1 &
+    litz worker "${ETCD_OPTS[@]}" --name "$JOB" --host "$HOST" --id extra-worker >"$TMP/worker-extra.log" 2>&1 &
     EXTRA_PID=$!
     PIDS+=("$EXTRA_PID")
     got=0
