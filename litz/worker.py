@@ -23,6 +23,7 @@ from .appload import load_executor_class, loaded_tokens
 from .cache import MISS, ParamCache, UpdateLog, read_only
 from .checkpoint import executor_part, read_part, sync_filesystem, write_part
 from .errors import LitzError, describe_app_exception
+from .guard import BadMessage
 from .keys import ShardMap
 from .outofcore import Residency
 from .process import Process
@@ -115,13 +116,14 @@ class Worker(Process):
 
     # -- event loop ----------------------------------------------------------------------------------
     def run(self, start_timeout: float = 600.0) -> None:
-        self.send("master", (P.HELLO, "worker", {"address": self.endpoint.address, "app_tokens": loaded_tokens()}))
+        self.send("master", (P.HELLO, P.VERSION, "worker", {"address": self.endpoint.address,
+                                                             "app_tokens": loaded_tokens()}))
         self.await_welcome(start_timeout)
         last_check = clock.time()
         while self.running:
             if self.wait_for_messages(0 if self.runnable else 100):
                 for sender, msg in self.receive():
-                    self.handle(sender, msg)
+                    self.handle_message(sender, msg)
                     if not self.running:
                         return
             if self.runnable:
@@ -183,7 +185,12 @@ class Worker(Process):
             self.on_ack(sender, msg[1], msg[2], msg[3], len(msg) > 4)
         elif tag == P.APP:
             _, blob, token, self.config, self.num_executors = msg
-            self.executor_cls = load_executor_class(blob, token)
+            try:
+                self.executor_cls = load_executor_class(blob, token)
+            except LitzError:
+                raise
+            except Exception as exc:  # the app's module cannot be imported here (a package missing on this machine)
+                self.fail(*describe_app_exception("loading the app's executor class", exc))
         elif tag == P.SHARDS:
             self.on_shard_map(msg[1], list(msg[2]), msg[3])
         elif tag == P.CREATE:
@@ -213,7 +220,7 @@ class Worker(Process):
         elif tag == P.SERVERS_LOST:
             self.servers_lost(set(msg[1]), msg[2], set(msg[3]) if len(msg) > 3 else None)
         elif not self.handle_lifecycle(tag, msg):
-            self.fail(f"worker {self.ident}", f"unexpected message {tag!r} from {sender}")
+            raise BadMessage("unexpected tag", repr(tag))  # the shapes let none through
 
     def fail(self, where: str, text: str) -> None:
         self.send("master", (P.FAIL, where, text))
@@ -433,14 +440,15 @@ class Worker(Process):
         self.load_now(eid)
         ex = self.executors.get(eid)
         if ex is None:
-            self.fail(f"worker {self.ident}", f"asked to copy the input of executor {eid}, which is not here")
-            return
+            raise BadMessage("asked to copy the input of an executor that is not here", f"executor {eid!r:.20}")
         data = held_input(ex)
         self.copied[eid] = data
         self.send(dest, (P.INPUT, eid, data), pickler=cloudpickle)
 
     def start_move(self, eid: int, dest: str, with_input: bool, copied: bool = False) -> None:
         """Stop starting tasks of ``eid``; it ships once its started tasks have finished (thesis §4.4)."""
+        if eid not in self.executors and eid not in self.residency.spilled:
+            raise BadMessage("asked to move an executor that is not here", f"executor {eid!r:.20}")
         self.load_now(eid)
         queued = [t for t in self.runnable if t.eid == eid and t.glet is None]
         if queued:
@@ -453,7 +461,7 @@ class Worker(Process):
         """A task for an executor that left: it follows (behind the executor, on the same channel)."""
         dest = self.moved_to.get(eid)
         if dest is None:
-            self.fail(f"worker {self.ident}", f"received a task for executor {eid}, which was never here")
+            raise BadMessage("a task for an executor that was never here", f"executor {eid!r:.20}")
         else:
             self.send(dest, (P.TASKS, [(tid, eid, version, args)]))
 
