@@ -10,8 +10,9 @@ message is dropped and the process goes on serving: a buggy peer, a version mism
 a job down, and none of it is ever the application's error.
 
 Each drop goes through the endpoint's :class:`MessageGuard`, which prints one line per peer and reason every
-``WARN_EVERY_S`` (with how many more it dropped meanwhile), and asks the process what to do with a peer that sent
-more than ``CUT_OFF_AFTER`` within ``WINDOW_S``: cut off, its messages are dropped unread for ``CUT_OFF_S``.
+``WARN_EVERY_S`` (with how many more it dropped meanwhile), at most ``WARN_LINES`` lines in all in that time, and
+asks the process what to do with a peer that sent more than ``CUT_OFF_AFTER`` within ``WINDOW_S``: cut off, its
+messages are dropped unread for ``CUT_OFF_S``. A process that dropped any says how many as it exits.
 """
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ from collections.abc import Callable
 from . import clock
 
 WARN_EVERY_S = 10.0  # one line per peer and reason this often; the ones in between are counted
+# ...and this many lines in all within that time: a sender that changes its id at every message must not flood
+# the log (nor stall the process on a stderr pipe nobody reads)
+WARN_LINES = 20
 CUT_OFF_AFTER, WINDOW_S = 100, 10.0  # more malformed messages than this from one peer within the window...
 CUT_OFF_S = 60.0  # ...and it is not heard for this long (then heard again, and cut off again if it goes on)
 _MAX_PEERS = 1024  # peers remembered for warnings and windows; beyond, the stale ones are forgotten
@@ -64,7 +68,9 @@ class MessageGuard:
         self.ident = ident
         self.on_offender = on_offender
         self.dropped = 0  # every malformed message, also those of cut-off peers
+        self.unshown = 0  # drops not warned of because of WARN_LINES
         self.last = ""  # the latest warning, for whoever counts drops (the simulator)
+        self._lines = [-WARN_EVERY_S, 0]  # [start of the current WARN_EVERY_S, warning lines printed in it]
         self._warned: dict[tuple[str, str], list] = {}  # (peer, reason) -> [last warning's time, dropped since]
         self._window: dict[str, list] = {}  # peer -> [window start, drops in it]
         self._cut: dict[str, float] = {}  # peer -> until when everything it sends is dropped unread
@@ -90,13 +96,15 @@ class MessageGuard:
         if len(self._warned) > _MAX_PEERS or len(self._window) > _MAX_PEERS:
             self._forget_stale(now)
         warned = self._warned.get((peer, reason))
-        if warned is None or now - warned[0] >= WARN_EVERY_S:
+        if warned is not None and now - warned[0] < WARN_EVERY_S:
+            warned[1] += 1
+        elif self._room(now):
             more = f" ({warned[1]} more like it since the last warning)" if warned and warned[1] else ""
             self._say(f"dropped a malformed message from {shown(peer)}: {reason}"
                       f"{': ' + detail if detail else ''}{more}")
             self._warned[(peer, reason)] = [now, 0]
         else:
-            warned[1] += 1
+            self.unshown += 1
         window = self._window.get(peer)
         if window is None or now - window[0] > WINDOW_S:
             window = self._window[peer] = [now, 0]
@@ -105,6 +113,23 @@ class MessageGuard:
             self._cut[peer] = now + CUT_OFF_S
             self._say(f"cut off {shown(peer)} for {CUT_OFF_S:.0f} s: more than {CUT_OFF_AFTER} malformed messages "
                       f"within {WINDOW_S:.0f} s")
+
+    def _room(self, now: float) -> bool:
+        """Whether one more warning line fits in this WARN_EVERY_S (the first that does not says so)."""
+        lines = self._lines
+        if now - lines[0] >= WARN_EVERY_S:
+            lines[0], lines[1] = now, 0
+        lines[1] += 1
+        if lines[1] == WARN_LINES + 1:
+            self._say(f"more than {WARN_LINES} warnings within {WARN_EVERY_S:.0f} s: the rest of them are only "
+                      "counted")
+        return lines[1] <= WARN_LINES
+
+    def summary(self) -> None:
+        """As the process exits: how many malformed messages it dropped in all, if any."""
+        if self.dropped:
+            unshown = f", {self.unshown:,} of them not shown" if self.unshown else ""
+            self._say(f"dropped {self.dropped:,} malformed message(s) in all{unshown}")
 
     def _say(self, text: str) -> None:
         self.last = text

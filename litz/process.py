@@ -301,4 +301,5 @@ class Process:
                 raise LitzError(f"{self.role} {self.ident}: the job's master is gone")
 
     def close(self) -> None:
+        self.endpoint.guard.summary()
         self.endpoint.close(discard=self.stopped)
