@@ -187,11 +187,15 @@ class ZmqEndpoint(Endpoint):
             sock.heartbeat_ivl, sock.heartbeat_timeout = HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS
             monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
             self._watches[peer] = _Watch(monitor)
-        sock.connect(address)
+        self._peers[peer] = sock
+        try:
+            sock.connect(address)
+        except zmq.ZMQError:  # not an address ZeroMQ can connect to: nothing of this attempt stays open
+            self._close_connection(peer)
+            raise
         # First on this connection: where we listen. A peer that knew a process of our id at another address
         # (we restarted under the same --id) sends its answers to that address until it hears this.
         sock.send_multipart([_CONTROL + pickle.dumps(("hello", 0, self.address))])
-        self._peers[peer] = sock
         self._addresses[peer] = address
         if self._rings:  # offered now, so it is accepted before the first large frame (which would go inline)
             self._offer(peer)
@@ -448,7 +452,7 @@ class ZmqEndpoint(Endpoint):
             except UnicodeDecodeError:
                 peer = repr(raw)
                 if not self.guard.is_cut(peer):
-                    self.guard.refuse(peer, "routing id is not UTF-8")
+                    self.guard.refuse(peer, "sender id is not UTF-8")
 
     def close(self, discard: bool = False) -> None:
         """Close everything. Queued messages get the sockets' linger to reach their peers, unless ``discard``:
