@@ -11,7 +11,7 @@ from typing import Any
 from . import clock
 from . import protocol as P
 from .endpoint import listen_address, open_endpoint
-from .errors import LitzError
+from .errors import AppError, InputError, LitzError, describe_app_exception
 from .guard import describe
 from .membership import Membership
 
@@ -254,12 +254,17 @@ class Process:
         return None
 
     def handle_message(self, sender: str, msg: tuple) -> None:
-        """:meth:`handle` one admitted message. A :class:`LitzError` it raises ends this process (or the job) on
-        purpose: an application error, a refusal. Any other exception is the message's fault, never the app's
-        (the shapes do not look inside batches, nor at the receiver's state): it is dropped as malformed, with
-        where the handler failed, and the process goes on serving."""
+        """:meth:`handle` one admitted message. An application error it raises (app code run by the handler) stops
+        the job: the master raises it, a worker or server reports it to the master. Another :class:`LitzError`
+        ends this process on purpose (a refusal). Any other exception is the message's fault, never the app's (the
+        shapes do not look inside batches, nor at the receiver's state): it is dropped as malformed, with where
+        the handler failed, and the process goes on serving."""
         try:
             self.handle(sender, msg)
+        except (AppError, InputError) as exc:
+            if self.role == "master":
+                raise
+            self.send("master", (P.FAIL, *describe_app_exception("", exc)))
         except LitzError:
             raise
         except Exception as exc:

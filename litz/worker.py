@@ -22,7 +22,7 @@ from .api import Executor, held_input
 from .appload import load_executor_class, loaded_tokens
 from .cache import MISS, ParamCache, UpdateLog, read_only
 from .checkpoint import executor_part, read_part, sync_filesystem, write_part
-from .errors import LitzError, describe_app_exception
+from .errors import LitzError, app_code, describe_app_exception
 from .guard import BadMessage
 from .keys import ShardMap
 from .outofcore import Residency
@@ -320,7 +320,8 @@ class Worker(Process):
     def install(self, eid: int, state: Any) -> Executor:
         ex = self._bind(eid)
         if hasattr(ex, "__setstate__"):
-            ex.__setstate__(state)
+            with app_code(f"executor {eid} __setstate__"):  # an app's error, not the message's that brought the state
+                ex.__setstate__(state)
             if isinstance(state, dict):  # the input data travels beside the state: an app's own may not take it
                 ex.__dict__.update({a: state[a] for a in ex.input_attrs if a in state and a not in ex.__dict__})
         else:

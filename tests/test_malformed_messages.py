@@ -18,6 +18,7 @@ import zmq
 
 from litz import clock, guard, wire
 from litz import protocol as P
+from litz.api import Executor
 from litz.appload import load_app
 from litz.errors import AppError, LitzError
 from litz.master import Master, Member
@@ -295,9 +296,27 @@ def test_a_handler_failure_drops_the_message_and_is_never_an_application_error(t
                      "from w9: moved that could not be handled: IndexError"):
             assert text in err, (text, err)
         assert " at worker.py:" in err  # where it failed: a handler's failure may also be a bug in Litz
-        # an application error still stops the job as one
+        # an application error still stops the job as one: the master raises it, a worker reports it to the master
         with pytest.raises(AppError, match="application error in executor 0 run_task: ValueError: x"):
             master.handle_message("w9", (P.FAIL, "executor 0 run_task", "Traceback ...\nValueError: x"))
+
+        class Picky(Executor):
+            def __setstate__(self, state):
+                raise KeyError("w")
+
+        worker.executor_cls, worker.config, worker.num_executors = Picky, {}, 1
+        worker.handle_message("w9", (P.EXECUTOR, 0, {"x": 1}, [], True, False))  # arrives by a move
+        [(to, (tag, where, text))] = sent
+        assert (to, tag, where) == ("master", P.FAIL, "executor 0 __setstate__") and "KeyError: 'w'" in text
+        assert "raise KeyError" in text  # the app's own traceback
+        sent.clear()
+        worker.executor_cls = Executor  # executor 1 spills; asked to move, the worker loads it with __setstate__
+        worker.install(1, {"x": 1})
+        worker.residency.evict(1, worker.executors.pop(1))
+        worker.executor_cls = Picky
+        worker.handle_message("master", (P.MOVE_EXECUTOR, 1, "w1", False, False))
+        [(to, (tag, where, text))] = sent
+        assert (to, tag, where) == ("master", P.FAIL, "executor 1 __setstate__") and "KeyError: 'w'" in text
     finally:
         for proc in (worker, server, master):
             proc.close()
