@@ -27,7 +27,15 @@ class Endpoint(abc.ABC):
     carrier drops them through :attr:`guard`, which the process uses for its own drops too (:mod:`litz.guard`)."""
 
     address: str  # where peers reach this endpoint (what the process registers)
-    guard: MessageGuard  # made by each carrier with cut_off as its default for a peer past the limit
+
+    @property
+    def guard(self) -> MessageGuard:
+        """What this endpoint's process dropped as malformed, and whom it cut off (made on first use: a carrier
+        needs nothing for it; :meth:`cut_off` is what it does with a flooding peer unless the process says)."""
+        guard = self.__dict__.get("_guard")
+        if guard is None:
+            guard = self.__dict__["_guard"] = MessageGuard(getattr(self, "ident", "endpoint"), self.cut_off)
+        return guard
 
     @abc.abstractmethod
     def connect(self, peer: str, address: str, watch: bool | None = None) -> None:

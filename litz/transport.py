@@ -39,7 +39,7 @@ from zmq.utils.monitor import recv_monitor_message
 from . import shmring, wire
 from .endpoint import Endpoint, register_carrier
 from .errors import LitzError
-from .guard import BadMessage, MessageGuard
+from .guard import BadMessage
 from .security import Authenticator, curve_keypair
 
 HIGH_WATER_MARK = 1_000_000
@@ -163,7 +163,6 @@ class ZmqEndpoint(Endpoint):
         self._inline: set[str] = set()  # peers that refused a ring or are on another host
         self._readers: dict[str, tuple[int, shmring.RingReader]] = {}  # rings peers send to us through
         self._next_ring = 1
-        self.guard = MessageGuard(self.ident, self.cut_off)
 
     # -- peers ---------------------------------------------------------------------------------------
     def connect(self, peer: str, address: str, watch: bool | None = None) -> None:

@@ -27,7 +27,7 @@ import greenlet
 
 from .. import wire
 from ..endpoint import Endpoint
-from ..guard import BadMessage, MessageGuard
+from ..guard import BadMessage
 
 EPOCH = 1_800_000_000.0  # what clock.time() reads at simulated time 0
 BANDWIDTH = 1e9  # bytes per simulated second on every connection
@@ -233,7 +233,6 @@ class SimEndpoint(Endpoint):
         self._peers: dict[str, str] = {}
         self._conns: dict[str, _Connection] = {}
         self._reported: set[str] = set()
-        self.guard = MessageGuard(ident, self.cut_off)  # nothing here sends a malformed message: any drop is a bug
 
     # -- peers ---------------------------------------------------------------------------------------
     def connect(self, peer: str, address: str, watch: bool | None = None) -> None:
