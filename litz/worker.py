@@ -159,7 +159,7 @@ class Worker(Process):
             return  # read after the partial recovery: what it answered was asked again elsewhere
         if tag == P.TASKS:
             gen = self.gen
-            to_load = []
+            to_load, strays = [], []
             # Only the master's dispatches come behind the invalidations they need (a task another worker
             # forwards was dispatched behind that worker's): only they may read live cache entries.
             live_ok = sender == "master" and len(msg) > 2
@@ -175,10 +175,14 @@ class Worker(Process):
                     self.waiting_load[eid].append(Task(tid, eid, version, args, gen, live_ok))
                     self.pending[eid] += 1
                     to_load.append(eid)
+                elif eid in self.moved_to:  # it left: the task follows it, behind it on the same channel
+                    self.send(self.moved_to[eid], (P.TASKS, [(tid, eid, version, args)]))
                 else:
-                    self.misrouted(tid, eid, version, args)
+                    strays.append(eid)
             for eid in to_load:  # after every task of the message counts: a load must not evict their executors
                 self.prefetch(eid)
+            if strays:  # the batch's other tasks run: only these are dropped
+                raise BadMessage("tasks for executors that were never here", f"executors {strays[:5]!r:.60}")
         elif tag == P.VALUES:
             self.on_values(None if len(msg) > 2 else sender, msg[1])  # None: forwarded, never live
         elif tag == P.ACK:
@@ -457,14 +461,6 @@ class Worker(Process):
         self.moving[eid] = (dest, with_input, copied, [(t.tid, t.eid, t.version, t.args) for t in queued])
         self.pending[eid] -= len(queued)
         self.ship_ready_executors()
-
-    def misrouted(self, tid: int, eid: int, version: int, args: Any) -> None:
-        """A task for an executor that left: it follows (behind the executor, on the same channel)."""
-        dest = self.moved_to.get(eid)
-        if dest is None:
-            raise BadMessage("a task for an executor that was never here", f"executor {eid!r:.20}")
-        else:
-            self.send(dest, (P.TASKS, [(tid, eid, version, args)]))
 
     def ship_ready_executors(self) -> None:
         for eid in [e for e in self.moving if self.started[e] == 0]:

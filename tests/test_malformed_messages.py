@@ -278,7 +278,10 @@ def test_a_handler_failure_drops_the_message_and_is_never_an_application_error(t
         proc.send = lambda peer, msg, pickler=None: sent.append((peer, msg))
     try:
         worker.handle_message("master", (P.TASKS, [(1, 2)], None))  # a task that is not (tid, eid, version, args)
-        worker.handle_message("w9", (P.TASKS, [(1, 99, 0, None)]))  # forwarded, for an executor never here
+        worker.executor_cls, worker.config, worker.num_executors = Executor, {}, 1
+        worker.install(0, {})
+        worker.handle_message("w9", (P.TASKS, [(1, 99, 0, None), (2, 0, 0, None)]))  # forwarded; 99 never here
+        assert [t.tid for t in worker.runnable] == [2]  # the rest of the batch runs
         worker.handle_message("master", (P.MOVE_EXECUTOR, 5, "w1", False, False))
         worker.handle_message("master", (P.COPY_INPUT, 5, "w1"))
         server.handle_message("w9", (P.GETS, [("no shard",)]))
@@ -288,8 +291,8 @@ def test_a_handler_failure_drops_the_message_and_is_never_an_application_error(t
         err = capsys.readouterr().err
         assert sent == []  # no FAIL: none of it is the application's error
         for text in ("from master: tasks that could not be handled: ValueError: not enough values to unpack",
-                     "from w9: tasks that could not be handled: BadMessage: a task for an executor that was never "
-                     "here: executor 99", "from master: move_executor that could not be handled",
+                     "from w9: tasks that could not be handled: BadMessage: tasks for executors that were never "
+                     "here: executors [99]", "from master: move_executor that could not be handled",
                      "from master: copy_input that could not be handled",
                      "from w9: gets that could not be handled", "from w9: updates that could not be handled",
                      "from w9: done that could not be handled: BadMessage: DONE with a result that is not a",
