@@ -47,6 +47,7 @@ SNDBUF_BYTES = 4 << 20
 CONNECT_TIMEOUT_S = 5.0  # a full listen backlog makes connect wait; a live peer accepts from its next poll
 LINGER_S = 2.0  # close() waits this long for queued messages (final acks, results) to leave
 MAX_IOV = 256  # buffers per sendmsg
+MAX_FRAMES = 1 << 24  # frames of one message (one per array): a count above is a broken header, not a message
 _COUNT = struct.Struct("<I")
 _ID_LEN = struct.Struct("<H")
 _IN = select.EPOLLIN | select.EPOLLRDHUP
@@ -360,7 +361,7 @@ class LocalEndpoint(ZmqEndpoint):
                 if avail < _COUNT.size:
                     return
                 (count,) = _COUNT.unpack_from(buf, conn.start)
-                if 8 * count > self.max_frame:  # its lengths alone would make a frame over the limit
+                if count > MAX_FRAMES or 8 * count > self.max_frame:  # its lengths alone would take that much
                     raise BadMessage("frame count over the limit", f"{count:,} frames")
                 if avail < _COUNT.size + 8 * count:
                     return

@@ -226,6 +226,10 @@ def test_a_frame_over_the_limit_is_refused_at_its_header_over_unix_sockets(tmp_p
                                                 "LITZ_MAX_FRAME_BYTES is 67,108,864"])
         rogue.send(frames_of((P.STOP,)))  # the connection is gone
         assert pump(proc, 0.5) == []
+        counted = Rogue(proc.endpoint.address, b"rogue-count")
+        counted.sock.sendall(struct.pack("<I", 2**32 - 1))  # a frame count no message has: refused at once
+        pump_until_said(proc, capsys, ["from rogue-count: frame count over the limit: 4,294,967,295 frames"])
+        counted.close()
         friend = Rogue(proc.endpoint.address, b"master")
         friend.send(frames_of((P.STOP,)))
         assert wait_for(lambda: pump(proc, 0.1), 10, "the good message") == [("master", (P.STOP,))]
