@@ -283,10 +283,13 @@ class Master(Process):
         role = entry.get("role", "process")
         sys.stderr.write(f"litz: master: refused {role} {ident} (pid {entry.get('pid')} on {entry.get('host')}): it "
                          f"speaks Litz protocol {theirs}, this master version {P.VERSION}\n")
-        self.endpoint.connect(ident, entry["address"], watch=False)
-        self.send(ident, (P.REFUSED, f"the master of job {self.membership.job!r} refused {role} {ident}: this "
-                                     f"process speaks Litz protocol version {version}, the master version "
-                                     f"{P.VERSION}; run the same Litz version on every machine"))
+        why = (f"the master of job {self.membership.job!r} refused {role} {ident}: this process speaks Litz protocol "
+               f"version {version}, the master version {P.VERSION}; run the same Litz version on every machine")
+        try:
+            self.endpoint.connect(ident, entry["address"], watch=False)
+            self.send(ident, (P.REFUSED, why))
+        except Exception as exc:  # an address this version cannot reach: taken out of the registry, it stops anyway
+            warn(f"cannot send {ident} its refusal ({type(exc).__name__}: {exc})")
         self.membership.evict(ident)
 
     def offender(self, peer: str) -> bool:
