@@ -19,12 +19,23 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .errors import LitzError
+from .guard import MessageGuard
 
 
 class Endpoint(abc.ABC):
-    """Where one process sends and receives messages."""
+    """Where one process sends and receives messages. Frames that are no message never leave :meth:`drain`: the
+    carrier drops them through :attr:`guard`, which the process uses for its own drops too (:mod:`litz.guard`)."""
 
     address: str  # where peers reach this endpoint (what the process registers)
+
+    @property
+    def guard(self) -> MessageGuard:
+        """What this endpoint's process dropped as malformed, and whom it cut off (made on first use: a carrier
+        needs nothing for it; :meth:`cut_off` is what it does with a flooding peer unless the process says)."""
+        guard = self.__dict__.get("_guard")
+        if guard is None:
+            guard = self.__dict__["_guard"] = MessageGuard(getattr(self, "ident", "endpoint"), self.cut_off)
+        return guard
 
     @abc.abstractmethod
     def connect(self, peer: str, address: str, watch: bool | None = None) -> None:
@@ -34,6 +45,13 @@ class Endpoint(abc.ABC):
     @abc.abstractmethod
     def disconnect(self, peer: str) -> None:
         """Forget ``peer``: close the connection; what was queued for it may be lost."""
+
+    def cut_off(self, peer: str) -> bool:
+        """Stop hearing ``peer``, which keeps sending malformed messages: close our connection to it (a carrier
+        closes its connections to us too where it can; over ZeroMQ its frames still arrive, and the guard drops
+        them unread). True: the guard then drops what it sends for a while."""
+        self.disconnect(peer)
+        return True
 
     @abc.abstractmethod
     def knows(self, peer: str) -> bool:

@@ -52,7 +52,10 @@ def app_code(where: str) -> Iterator[None]:
 
 
 def describe_app_exception(where: str, exc: BaseException) -> tuple[str, str]:
-    """(where, text) for a FAIL message: an InputError travels as its message alone, others with a traceback."""
+    """(where, text) for a FAIL message: an InputError travels as its message alone, others with a traceback (an
+    AppError with the app's own, and where it said)."""
+    if isinstance(exc, AppError):
+        return exc.where, exc.traceback_text
     if isinstance(exc, InputError):
         return where, f"{INPUT_ERROR_MARK}{exc}"
     return where, traceback.format_exc()

@@ -20,6 +20,10 @@ sending each other large messages cannot deadlock. A process that dies closes it
 whatever killed it): its peers' connections to it read end-of-file at once, and :meth:`unreachable` reports
 it after the grace. There are no heartbeats: a stopped (``SIGSTOP``) local process is found by its registry
 lease instead.
+
+A connection whose bytes cannot be framed (a sender id that is not UTF-8, a frame count or length over
+:func:`litz.transport.max_frame_bytes`) is closed as soon as its header is read, before any frame is buffered:
+nothing after it on that stream could be told apart from garbage.
 """
 from __future__ import annotations
 
@@ -34,7 +38,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from .endpoint import register_carrier
-from .transport import ZmqEndpoint
+from .guard import BadMessage
+from .transport import ZmqEndpoint, max_frame_bytes
 
 CHUNK_BYTES = 256 << 10  # a connection's read buffer: many small messages arrive in one recv
 BIG_FRAME_BYTES = 64 << 10  # an incomplete frame larger than this is read into its own buffer, not the chunk
@@ -42,9 +47,14 @@ SNDBUF_BYTES = 4 << 20
 CONNECT_TIMEOUT_S = 5.0  # a full listen backlog makes connect wait; a live peer accepts from its next poll
 LINGER_S = 2.0  # close() waits this long for queued messages (final acks, results) to leave
 MAX_IOV = 256  # buffers per sendmsg
+MAX_FRAMES = 1 << 24  # frames of one message (one per array): a count above is a broken header, not a message
 _COUNT = struct.Struct("<I")
 _ID_LEN = struct.Struct("<H")
 _IN = select.EPOLLIN | select.EPOLLRDHUP
+
+
+class _CutOff(Exception):
+    """A connection from a peer the guard cut off: closed at its first bytes, without another warning."""
 
 
 class _Outgoing:
@@ -82,6 +92,7 @@ class LocalEndpoint(ZmqEndpoint):
         self._watch_all = watch
         self._watched: set[str] = set()
         self._init_peers(secret, "127.0.0.1")
+        self.max_frame = max_frame_bytes()
         # the pid keeps a restarted process with the same id off its old socket file
         self._path = os.path.join(local_dir, f"{ident}-{os.getpid()}")
         self.address = f"ipc://{self._path}"
@@ -134,6 +145,14 @@ class LocalEndpoint(ZmqEndpoint):
         self._watched.discard(peer)
         if conn is not None and conn.sock is not None:
             self._forget(conn.sock)
+
+    def cut_off(self, peer: str) -> bool:
+        """Close every connection ``peer`` sends on, and ours to it; a new one from it is closed at its first
+        bytes while it is cut off."""
+        for obj in list(self._by_fd.values()):
+            if isinstance(obj, _Incoming) and obj.sender == peer:
+                self._forget(obj.sock)
+        return super().cut_off(peer)
 
     def _forget(self, sock: socket.socket) -> None:
         fd = sock.fileno()
@@ -255,7 +274,14 @@ class LocalEndpoint(ZmqEndpoint):
             if obj is self._listener:
                 self._accept()
             elif isinstance(obj, _Incoming):
-                if not self._read(obj):
+                try:
+                    more = self._read(obj)
+                except BadMessage as exc:  # the stream cannot be framed from here on
+                    self.guard.refuse(obj.sender or "(no id)", exc.reason, exc.detail)
+                    more = False
+                except _CutOff:
+                    more = False
+                if not more:
                     self._forget(obj.sock)
             else:
                 if ev & select.EPOLLOUT and obj.sock is not None:
@@ -319,16 +345,30 @@ class LocalEndpoint(ZmqEndpoint):
                 (n,) = _ID_LEN.unpack_from(buf, conn.start)
                 if avail < _ID_LEN.size + n:
                     return
-                conn.sender = bytes(buf[conn.start + _ID_LEN.size: conn.start + _ID_LEN.size + n]).decode()
+                raw = bytes(buf[conn.start + _ID_LEN.size: conn.start + _ID_LEN.size + n])
                 conn.start += _ID_LEN.size + n
+                try:
+                    conn.sender = raw.decode()
+                except UnicodeDecodeError:
+                    conn.sender = repr(raw)
+                    if self.guard.is_cut(conn.sender):
+                        raise _CutOff() from None
+                    raise BadMessage("sender id is not UTF-8") from None
+                if self.guard.is_cut(conn.sender):
+                    raise _CutOff()
                 continue
             if conn.lens is None:
                 if avail < _COUNT.size:
                     return
                 (count,) = _COUNT.unpack_from(buf, conn.start)
+                if count > MAX_FRAMES or 8 * count > self.max_frame:  # its lengths alone would take that much
+                    raise BadMessage("frame count over the limit", f"{count:,} frames")
                 if avail < _COUNT.size + 8 * count:
                     return
                 conn.lens = list(struct.unpack_from(f"<{count}Q", buf, conn.start + _COUNT.size))
+                if count and max(conn.lens) > self.max_frame:
+                    raise BadMessage("frame over the size limit",
+                                     f"{max(conn.lens):,} bytes, LITZ_MAX_FRAME_BYTES is {self.max_frame:,}")
                 conn.start += _COUNT.size + 8 * count
                 conn.frames = []
                 continue
@@ -343,7 +383,10 @@ class LocalEndpoint(ZmqEndpoint):
                     frames.append(view if not frames else bytearray(view))
                     conn.start += need
                 elif need > BIG_FRAME_BYTES:
-                    big = bytearray(need)
+                    try:
+                        big = bytearray(need)
+                    except MemoryError:
+                        raise BadMessage("frame too large to hold", f"{need:,} bytes") from None
                     big[:avail] = view
                     conn.big, conn.big_have = big, avail
                     conn.start = conn.end

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -25,12 +26,13 @@ from .appload import App
 from .checkpoint import CheckpointStore
 from .endpoint import listen_host
 from .errors import LitzError, RegistryUnavailable, app_code, app_error
+from .guard import BadMessage
 from .joblog import JobLog, check_json
 from .membership import Membership
 from .membership.membership import REREGISTER_GRACE_S
 from .outofcore import parse_bytes
 from .placement import leaving_first, plan_moves
-from .process import Process
+from .process import Process, plausible_id
 from .recovery import CorruptCheckpoint, Recovery, warn
 
 MEMBERSHIP_CHECK_S = 0.5
@@ -114,6 +116,8 @@ class Master(Process):
         self.supervise = supervise
         self._dead_children: list[tuple[str, int, str]] = []  # seen by losses_noticed, not yet handled
         self._unreachable: list[str] = []  # members whose connection dropped for good, not yet handled
+        self._misbehaving: list[str] = []  # members that flooded the master with malformed messages, not yet handled
+        self.refused: set[str] = set()  # ids whose HELLO was refused (another protocol version)
         self.spawn = spawn
         self.workers: dict[str, Member] = {}
         self.servers: dict[str, Member] = {}
@@ -203,7 +207,7 @@ class Master(Process):
             messages, ready = self.endpoint.wait(100, fds)
             if messages:
                 for sender, msg in self.receive():
-                    self.handle(sender, msg)
+                    self.handle_message(sender, msg)
                     if self.finished:
                         break
                 self.after_batch()
@@ -246,15 +250,66 @@ class Master(Process):
         """Messages of the current epoch, and any HELLO (a new process starts at epoch 0) or READY (a worker that
         joined during a recovery that then started over answers at the older epoch; having the app outlives a
         restore, which resets executors anyway: docs/design.md, M2)."""
-        for sender, (epoch, msg) in self.endpoint.drain():
-            if epoch >= self.epoch or msg[0] in _ANY_EPOCH:
+        for sender, envelope in self.endpoint.drain():
+            msg = self.admit(sender, envelope)
+            if msg is not None and (envelope[0] >= self.epoch or msg[0] in _ANY_EPOCH):
                 yield sender, msg
+
+    def admit(self, sender: str, envelope: Any) -> tuple | None:
+        """As :meth:`Process.admit`, but a HELLO of another protocol version is refused first, whatever else it
+        holds: its layout may differ from this version's."""
+        msg = envelope[1] if type(envelope) is tuple and len(envelope) == 2 else None
+        if type(msg) is tuple and msg and type(msg[0]) is str and msg[0] == P.HELLO:
+            version = msg[1] if len(msg) > 1 else None
+            if type(version) is not int or version != P.VERSION:
+                self.refuse_hello(sender, version)
+                return None
+        return super().admit(sender, envelope)
+
+    def stranger(self, sender: str, msg: tuple) -> tuple[str, str] | None:
+        """A sender is a member if it said HELLO (the registry is read as the HELLO is handled); one lost or
+        retired since is still one (its last messages may arrive late, and the handlers know what to ignore)."""
+        if sender in self.addresses:
+            self.peers_ok.add(sender)
+            return None
+        if msg[0] == P.HELLO:
+            return None
+        return "not a member of the job", ""
+
+    def refuse_hello(self, ident: str, version: Any) -> None:
+        """A process of another protocol version: refuse it with a line on both sides, and take it out of the
+        registry, which stops it even if it cannot read the refusal (a version before REFUSED existed)."""
+        entry = self.membership.member(ident) if plausible_id(ident) and ident not in self.refused else None
+        if entry is None or type(entry.get("address")) is not str:
+            self.endpoint.guard.refuse(ident, "HELLO of another protocol version", repr(version)[:40])
+            return
+        self.refused.add(ident)
+        theirs = f"version {version}" if type(version) is int else "without a version (an older Litz)"
+        role = entry.get("role", "process")
+        sys.stderr.write(f"litz: master: refused {role} {ident} (pid {entry.get('pid')} on {entry.get('host')}): it "
+                         f"speaks Litz protocol {theirs}, this master version {P.VERSION}\n")
+        why = (f"the master of job {self.membership.job!r} refused {role} {ident}: this process speaks Litz protocol "
+               f"version {version}, the master version {P.VERSION}; run the same Litz version on every machine")
+        try:
+            self.endpoint.connect(ident, entry["address"], watch=False)
+            self.send(ident, (P.REFUSED, why))
+        except Exception as exc:  # an address this version cannot reach: taken out of the registry, it stops anyway
+            warn(f"cannot send {ident} its refusal ({type(exc).__name__}: {exc})")
+        self.membership.evict(ident)
+
+    def offender(self, peer: str) -> bool:
+        """A member that floods the master with malformed messages is broken, and some of what it sent is lost:
+        it is treated as lost (the job recovers without it, or stops with a clear error), never heard again.
+        Anyone else is cut off for a while."""
+        if peer in self.workers or peer in self.servers:
+            self._misbehaving.append(peer)
+        return self.endpoint.cut_off(peer)
 
     def pump(self, timeout_s: float) -> None:
         """Handle whatever arrives within ``timeout_s`` (used while waiting for something specific)."""
         if self.endpoint.poll(timeout_s * 1000):
             for sender, msg in self.receive():
-                self.handle(sender, msg)
+                self.handle_message(sender, msg)
 
     def stop_all(self) -> None:
         """Tell every worker and server to exit (best effort: some may already be gone)."""
@@ -387,6 +442,8 @@ class Master(Process):
     def handle(self, sender: str, msg: tuple) -> None:
         tag = msg[0]
         if tag == P.DONE:
+            if not all(type(r) is tuple and len(r) == 2 for r in msg[1]):  # never the driver's fault: checked first
+                raise BadMessage("DONE with a result that is not a (task id, result) pair")
             self.note_writes(sender, msg[2])  # before the driver dispatches anything behind these completions
             self.on_done(msg[1])
         elif tag == P.STATS:
@@ -425,15 +482,28 @@ class Master(Process):
         elif tag == P.FAIL:
             raise app_error(msg[1], msg[2])
         elif tag == P.HELLO:
-            self.on_hello(sender, msg[1], msg[2])
+            self.on_hello(sender, msg[2], msg[3])
         elif tag == P.READY:
             if sender not in self.workers:
                 return
             self.workers[sender].ready = True
             if self.started and not self.recovery.paused:
                 self.rebalance("scale_out", [sender])
+        else:
+            raise BadMessage("unexpected tag", repr(tag))  # the shapes let none through
 
     def on_hello(self, ident: str, role: str, info: dict) -> None:
+        try:
+            registered, id_taken = self.membership.member(ident), self.membership.get(f"ids/{ident}")
+        except RegistryUnavailable:  # it registered a moment ago, and holds the job key: take it (R1)
+            registered, id_taken = {"role": role}, None
+        if role not in ("worker", "server") or registered is None or registered.get("role") != role:
+            raise BadMessage("HELLO from a process not registered in the job", f"{role!r:.20}")
+        if type(info.get("address")) is not str:
+            raise BadMessage("HELLO without an address")
+        if ident in self.refused:  # of another version before, of this one now: its connection is not watched
+            self.refused.discard(ident)
+            self.endpoint.disconnect(ident)
         self.endpoint.connect(ident, info["address"])  # watched (watches_peers), maybe made already
         if self.addresses.get(ident, info["address"]) != info["address"]:
             # an id seen before (a container restarted with its --id): connections to the old process are dead
@@ -442,10 +512,6 @@ class Master(Process):
                     self.send(peer, (P.PEER, ident, info["address"]))
         self.addresses[ident] = info["address"]
         members = self.workers if role == "worker" else self.servers
-        try:
-            registered, id_taken = self.membership.member(ident) or {}, self.membership.get(f"ids/{ident}")
-        except RegistryUnavailable:
-            registered, id_taken = {}, None  # it read the registry a moment ago to find us; fine without (R1)
         members[ident] = Member(ident, role, {**registered, **info, "id_taken": id_taken})
         self.membership.note_ids([ident])
         pid = members[ident].info.get("pid")
@@ -806,6 +872,13 @@ class Master(Process):
                 continue
             match[0].noticed = f"process {how}"
             lost[match[0].ident] = match[0]
+        misbehaving, self._misbehaving = self._misbehaving, []
+        for ident in misbehaving:
+            m = members.get(ident)
+            if m is not None and ident not in lost:
+                m.noticed = "sent malformed messages"
+                lost[ident] = m
+                self.membership.evict(ident)  # if it lives, it sees this and stops
         unreachable, self._unreachable = self._unreachable, []
         for ident in unreachable:
             m = members.get(ident)
@@ -843,7 +916,7 @@ class Master(Process):
         if self.supervise:
             self._dead_children += self.supervise()
         self._unreachable += self.endpoint.unreachable(CONNECTION_GRACE_S)
-        return bool(self._dead_children or self._unreachable)
+        return bool(self._dead_children or self._unreachable or self._misbehaving)
 
     def forget(self, ident: str) -> None:
         self.workers.pop(ident, None)

@@ -11,7 +11,8 @@ from typing import Any
 from . import clock
 from . import protocol as P
 from .endpoint import listen_address, open_endpoint
-from .errors import LitzError, RegistryUnavailable
+from .errors import AppError, InputError, LitzError, RegistryUnavailable, describe_app_exception
+from .guard import describe
 from .membership import Membership
 from .membership.membership import REREGISTER_GRACE_S
 
@@ -19,6 +20,8 @@ from .membership.membership import REREGISTER_GRACE_S
 # tells its members to stop over the data plane first: this is the fallback for a master that died), so that
 # a registry reset, after which the master writes its key again, ends nothing (docs/design.md, R3).
 MASTER_GONE_GRACE_S = 10.0
+
+STRANGER_RECHECK_S = 1.0  # a sender the registry did not know is looked up again after this long
 
 
 def resident_bytes() -> int:
@@ -32,6 +35,11 @@ def resident_bytes() -> int:
         import psutil
 
         return psutil.Process().memory_info().rss
+
+
+def plausible_id(ident: str) -> bool:
+    """Whether ``ident`` could be a process id, worth a registry read: ids off the wire may be anything."""
+    return ident.isprintable() and "/" not in ident and 0 < len(ident) <= 200
 
 
 MMAP_THRESHOLD = 4 << 20
@@ -84,7 +92,13 @@ class Process:
     messages set a process's epoch (its channel is ordered, so the first one of a new epoch is the restore
     order); a message from a peer of an older epoch predates the last recovery and is dropped, so nothing
     from before a recovery is ever applied after it.
+
+    A message is handled only if it is well-formed (:meth:`admit`), and a handler that fails on one does not
+    take the process down (:meth:`handle_message`): malformed messages are dropped through the endpoint's guard
+    (:mod:`litz.guard`).
     """
+
+    role = "process"  # master, worker or server: names the shapes it takes (litz.protocol.SHAPES)
 
     borrows_frames = False
     watches_peers = False  # its endpoint follows every connection it makes (Endpoint.unreachable)
@@ -98,6 +112,10 @@ class Process:
         self.listen = listen or listen_address(host, port, local_dir)
         options = {"bind_host": bind_host} if bind_host else {}
         self.endpoint = open_endpoint(ident, secret, self.listen, watch=self.watches_peers, **options)
+        self.endpoint.guard.on_offender = self.offender
+        self.shapes = P.SHAPES.get(self.role, {})
+        self.peers_ok: set[str] = {"master"}  # senders known to be processes of this job
+        self._strangers: dict[str, float] = {}  # sender -> when the registry last said it is not of this job
         self.pid = os.getpid()
         self.epoch = 0
         self._future: list[tuple[str, int, Any]] = []
@@ -121,6 +139,8 @@ class Process:
             if self.endpoint.knows(msg[1]):
                 self.endpoint.connect(msg[1], msg[2])  # a connection to the old process's address would be dead
             self.peer_rejoined(msg[1])
+        elif tag == P.REFUSED:  # this process is of another Litz version than the master: it says so, and exits
+            raise LitzError(msg[1])
         else:
             return False
         return True
@@ -228,8 +248,12 @@ class Process:
                 self.endpoint.send(peer, wrapped, pickler)
 
     def receive(self) -> Iterator[tuple[str, Any]]:
-        """Messages received so far that belong to this process's epoch."""
-        for sender, (epoch, msg) in self.endpoint.drain(borrow=self.borrows_frames):
+        """Well-formed messages received so far that belong to this process's epoch."""
+        for sender, envelope in self.endpoint.drain(borrow=self.borrows_frames):
+            msg = self.admit(sender, envelope)
+            if msg is None:
+                continue
+            epoch = envelope[0]
             if sender == "master":
                 if epoch > self.epoch:
                     self.epoch = epoch
@@ -241,6 +265,80 @@ class Process:
                 yield sender, msg
             elif epoch > self.epoch:
                 self._future.append((sender, epoch, copy.deepcopy(msg) if self.borrows_frames else msg))
+
+    def admit(self, sender: str, envelope: Any) -> tuple | None:
+        """The message in ``envelope`` if it may be handled: an ``(epoch, message)`` pair whose message fits this
+        role's shapes (:func:`litz.protocol.check`), from a process of this job. Else None: dropped, with a
+        warning now and then (:class:`litz.guard.MessageGuard`)."""
+        if type(envelope) is not tuple or len(envelope) != 2 or type(envelope[0]) is not int:
+            self.endpoint.guard.refuse(sender, "not an (epoch, message) pair", type(envelope).__name__)
+            return None
+        msg = envelope[1]
+        why = P.check(self.shapes, sender, msg)
+        if why is None and sender not in self.peers_ok:
+            why = self.stranger(sender, msg)
+        if why is not None:
+            self.endpoint.guard.refuse(sender, *why)
+            return None
+        return msg
+
+    def stranger(self, sender: str, msg: tuple) -> tuple[str, str] | None:
+        """Why ``sender``, not heard before, is not a process of this job, or None (it is, and is remembered).
+        Every process of a job holds an id in its registry, never reused within the job: it is looked up once
+        per sender, and again for one it did not know at most once a second. A registry that cannot be read, or
+        was cleared as the job ended (its processes' last messages may still arrive), does not make a sender a
+        stranger: the message did come through the job's authenticated endpoint."""
+        now = clock.monotonic()
+        if now - self._strangers.get(sender, now - STRANGER_RECHECK_S) < STRANGER_RECHECK_S:
+            return "not a process of this job", ""
+        if plausible_id(sender):
+            try:
+                known = self.membership.get(f"ids/{sender}") is not None or self.membership.master() is None
+            except Exception:  # the registry is unreachable
+                known = True
+        else:
+            known = False  # no process takes such an id
+        if not known:
+            if len(self._strangers) > 1024:
+                self._strangers = {k: t for k, t in self._strangers.items() if now - t < STRANGER_RECHECK_S}
+            self._strangers[sender] = now
+            return "not a process of this job", ""
+        self._strangers.pop(sender, None)
+        self.peers_ok.add(sender)
+        return None
+
+    def handle_message(self, sender: str, msg: tuple) -> None:
+        """:meth:`handle` one admitted message. An application error it raises (app code run by the handler) stops
+        the job: the master raises it, a worker or server reports it to the master. Another :class:`LitzError`
+        ends this process on purpose (a refusal). Any other exception is the message's fault, never the app's (the
+        shapes do not look inside batches, nor at the receiver's state): it is dropped as malformed, with where
+        the handler failed, and the process goes on serving."""
+        try:
+            self.handle(sender, msg)
+        except (AppError, InputError) as exc:
+            if self.role == "master":
+                raise
+            self.send("master", (P.FAIL, *describe_app_exception("", exc)))
+        except LitzError:
+            raise
+        except Exception as exc:
+            self.endpoint.guard.refuse(sender, f"{msg[0]} that could not be handled", describe(exc))
+
+    def offender(self, peer: str) -> bool:
+        """``peer`` sent more malformed messages than the guard allows: cut it off for a while (True), unless it
+        is the master, whose messages a worker or server cannot do without: those it keeps hearing. A process of
+        this job that does so is broken, and what it sent was lost: it is also taken out of the job, so that the
+        master recovers without it instead of the job waiting on it (and it stops, should it live)."""
+        if peer == "master":
+            return False
+        if peer in self.peers_ok:
+            sys.stderr.write(f"litz: {self.role} {self.ident}: {peer} is a process of this job that sends malformed "
+                             "messages: taking it out of the job\n")
+            try:
+                self.membership.evict(peer)
+            except Exception:  # the registry is unreachable: the master hears of it by other ways, or not at all
+                pass
+        return self.endpoint.cut_off(peer)
 
     def _replay(self) -> Iterator[tuple[str, Any]]:
         future, self._future = self._future, []
@@ -265,4 +363,5 @@ class Process:
                 pass  # waiting for the master is all there is to do
 
     def close(self) -> None:
+        self.endpoint.guard.summary()
         self.endpoint.close(discard=self.stopped)

@@ -1,6 +1,25 @@
-"""Message tags. A message is a tuple whose first element is one of these."""
+"""Message tags, and the shape of every message each role takes. A message is a tuple whose first element is
+one of these tags; it travels in an envelope ``(epoch, message)`` (:class:`litz.process.Process`).
 
-HELLO = "hello"        # worker/server -> master: (HELLO, role, info: address, a worker's app_tokens)
+Every receive path checks a message against :data:`SHAPES` before it is handled (:func:`check`): the fields'
+count and types, and which tags only the master may send. Items inside a batch (the tasks of TASKS, the results
+of DONE) are not checked one by one here, which would cost per key: a handler that finds one wrong raises, and
+the message is dropped as malformed (:mod:`litz.guard`). Change a message's layout here, in the comment and the
+shape, and bump :data:`VERSION`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+# The messages' version. A worker or server says it first in its HELLO; the master refuses one of another version
+# with REFUSED. HELLO's version field and REFUSED keep their place and layout in every version, so that any two
+# versions understand the refusal.
+VERSION = 1
+
+HELLO = "hello"        # worker/server -> master: (HELLO, VERSION, role, info: address, a worker's app_tokens)
+REFUSED = "refused"    # master -> worker/server: (REFUSED, why) its HELLO was refused; it exits with that line
 APP = "app"            # master -> worker: (APP, executor_blob | None: HELLO named the token, token, config, executors)
 SHARDS = "shards"      # master -> worker/server: (SHARDS, num_shards, owners, map_version)
 CREATE = "create"      # master -> worker: (CREATE, [eid, ...])
@@ -58,3 +77,75 @@ SERVERS_LOST = "servers_lost"      # master -> worker: (SERVERS_LOST, lost ident
 # out-of-core (thesis §4.8)
 MEMORY_LIMIT = "memory_limit"  # master -> worker: (MEMORY_LIMIT, bytes or None)
 MEMORY_EVENT = "memory_event"  # worker -> master: (MEMORY_EVENT, kind "evict"|"load", eid, bytes, seconds)
+
+
+# -- shapes ------------------------------------------------------------------------------------------------------
+_INT = (int, np.integer)
+_NUM = (int, float, np.integer, np.floating)
+_SEQ = (list, tuple)
+_STR_OR_NONE = (str, type(None))
+
+
+def _shape(*fields: Any, optional: int = 0, master: bool = False) -> tuple:
+    """A message's shape: (fewest fields, most fields, the fields' types after the tag, only from the master).
+    The last ``optional`` fields may be left off."""
+    return len(fields) - optional, len(fields), fields, master
+
+
+_LIFECYCLE = {STOP: _shape(master=True), DRAIN_REFUSED: _shape(str, master=True), DIE: _shape(int, master=True),
+              PEER: _shape(str, str, master=True), REFUSED: _shape(str, master=True)}
+_TO_BOTH = {CHECKPOINT: _shape(str, master=True), SHARDS: _shape(_INT, _SEQ, _INT, master=True),
+            RETIRE: _shape(_SEQ, _INT, optional=1, master=True)}
+
+# receiving role -> tag -> shape
+SHAPES: dict[str, dict[str, tuple]] = {
+    "master": {
+        HELLO: _shape(int, str, dict), READY: _shape(_SEQ), DONE: _shape(list, (list, tuple, type(None))),
+        FAIL: _shape(str, str), STATS: _shape(dict), MOVED: _shape(_INT, _INT), INPUT_READY: _shape(_INT),
+        SHARD_MOVED: _shape(_INT, _INT), RETIRED: _shape(_SEQ, optional=1), DRAIN_ME: _shape(),
+        CHECKPOINTED: _shape(dict), CHECKPOINT_FAILED: _shape(str), RESTORED: _shape(), RESTORE_FAILED: _shape(str),
+        MEMORY_EVENT: _shape(str, _INT, _INT, _NUM), PRIORITY_DISTANCES: _shape(object, _STR_OR_NONE),
+        PRIORITY_SAVED: _shape(_INT, _INT, _INT, _INT, _STR_OR_NONE),
+    },
+    "worker": {
+        **_LIFECYCLE, **_TO_BOTH,
+        TASKS: _shape(list, (list, type(None)), optional=1),  # from the master with its invalidations, or forwarded
+        VALUES: _shape(list, bool, optional=1), ACK: _shape(_INT, _INT, list, bool, optional=1),
+        APP: _shape((bytes, type(None)), str, dict, _INT, master=True), CREATE: _shape(_SEQ, master=True),
+        MOVE_EXECUTOR: _shape(_INT, str, bool, bool, master=True), EXECUTOR: _shape(_INT, object, list, bool, bool),
+        COPY_INPUT: _shape(_INT, str, master=True), INPUT: _shape(_INT, dict), DROP_INPUT: _shape(_INT, master=True),
+        RESTORE: _shape(str, dict, tuple, master=True), MEMORY_LIMIT: _shape((int, type(None)), master=True),
+        SERVERS_LOST: _shape(_SEQ, tuple, _SEQ, optional=1, master=True),
+    },
+    "server": {
+        **_LIFECYCLE, **_TO_BOTH,
+        GETS: _shape(list), UPDATES: _shape(_INT, list), FWD_GETS: _shape(str, list),
+        FWD_UPDATES: _shape(str, _INT, list), MOVE_SHARD: _shape(_INT, str, master=True),
+        SHARD_DATA: _shape(_INT, dict),
+        FENCE: _shape(_INT, str, optional=1),  # a worker's or a server's; the master's names the worker it stands for
+        UNFORWARD: _shape(str, _SEQ, master=True), RESTORE: _shape(str, dict, master=True),
+        PRIORITY_CHECKPOINT: _shape(str, _NUM, master=True), PRIORITY_SAVE: _shape(str, _INT, master=True),
+        RESTORE_SHARDS: _shape(str, str, dict, _SEQ, _SEQ, master=True),
+    },
+}
+_KNOWN = {tag for shapes in SHAPES.values() for tag in shapes}
+
+
+def check(shapes: dict[str, tuple], sender: str, msg: Any) -> tuple[str, str] | None:
+    """Why ``msg`` from ``sender`` does not fit ``shapes`` (one role's :data:`SHAPES`), as (reason, detail), or
+    None: it may be handled. A few comparisons per message: no item of a batch is looked at."""
+    if type(msg) is not tuple or not msg or type(msg[0]) is not str:
+        return "not a tuple that starts with a tag", type(msg).__name__
+    tag = msg[0]
+    shape = shapes.get(tag)
+    if shape is None:
+        return ("unexpected tag" if tag in _KNOWN else "unknown tag"), repr(tag[:40])
+    fewest, most, fields, master = shape
+    if not fewest <= len(msg) - 1 <= most:
+        return f"{tag} with the wrong number of fields", f"{len(msg) - 1}"
+    if master and sender != "master":
+        return f"{tag} not from the master", ""
+    if not all(map(isinstance, msg[1:], fields)):
+        i = next(i for i, t in enumerate(fields, 1) if not isinstance(msg[i], t))
+        return f"{tag} with a field of the wrong type", f"field {i} is a {type(msg[i]).__name__}"
+    return None

@@ -24,6 +24,7 @@ from . import protocol as P
 from .cache import add_into
 from .checkpoint import read_part, shard_part, sync_filesystem, write_part
 from .errors import LitzError
+from .guard import BadMessage
 from .outofcore import ShardTables
 from .process import Process
 from .scar import RunningCheckpoint, load_running_shard
@@ -60,14 +61,14 @@ class Server(Process):
         self.running_ckpt = RunningCheckpoint()
 
     def run(self, start_timeout: float = 600.0) -> None:
-        self.send("master", (P.HELLO, "server", {"address": self.endpoint.address}))
+        self.send("master", (P.HELLO, P.VERSION, "server", {"address": self.endpoint.address}))
         self.await_welcome(start_timeout)
         ep = self.endpoint
         last_check = clock.time()
         while self.running:
             if ep.poll(200):
                 for sender, msg in self.receive():
-                    self.handle(sender, msg)
+                    self.handle_message(sender, msg)
                 for shard, nbytes, seconds in self.shards.enforce():
                     self.exported = {ref for ref in self.exported if ref[0] != shard}
                     self.send("master", (P.MEMORY_EVENT, "evict_shard", shard, nbytes, round(seconds, 6)))
@@ -128,7 +129,7 @@ class Server(Process):
         elif tag == P.RESTORE_SHARDS:
             self.restore_lost_shards(msg[1], msg[2], msg[3], set(msg[4]), msg[5])
         elif not self.handle_lifecycle(tag, msg):
-            self.send("master", (P.FAIL, f"server {self.ident}", f"unexpected message {tag!r}"))
+            raise BadMessage("unexpected tag", repr(tag))  # the shapes let none through
 
     # -- requests ------------------------------------------------------------------------------------
     def _split(self, items: list, shard_index: int) -> tuple[list, dict[str, list]]:

@@ -137,8 +137,9 @@ class RingReader:
 
     def take(self, pos: int, n: int) -> memoryview:
         """A private copy of the frame at ``pos`` (writable, like a received ZeroMQ frame); frees its space."""
+        frame = self.view(pos, n)  # checked before allocating: a bad length must not ask for any size
         out = np.empty(n, np.uint8)
-        out[:] = self.view(pos, n)
+        out[:] = frame
         self.release(pos + n)
         return memoryview(out)
 

@@ -15,6 +15,11 @@ A one-machine job (``local_dir``) binds Unix sockets in a directory only its use
 CURVE off: the directory's permissions keep strangers out as the keys would. It uses
 :class:`litz.localtransport.LocalEndpoint` (``unix://`` listen addresses), which keeps everything here but the
 carrier (no ZeroMQ I/O threads); ``LITZ_TRANSPORT=zmq`` gives it this class over ZeroMQ's ``ipc://`` instead.
+
+Frames that are no message (see :mod:`litz.guard`) are dropped here, each with its reason, before anything acts
+on them. No frame larger than :func:`max_frame_bytes` is received: ZeroMQ closes the connection that brings one
+before it is buffered (``ZMQ_MAXMSGSIZE``), and a sender refuses to send one (a clear error instead of a message
+lost on the way).
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ from zmq.utils.monitor import recv_monitor_message
 from . import shmring, wire
 from .endpoint import Endpoint, register_carrier
 from .errors import LitzError
+from .guard import BadMessage
 from .security import Authenticator, curve_keypair
 
 HIGH_WATER_MARK = 1_000_000
@@ -50,6 +56,40 @@ _CONTROL = b"LZC"  # connection hello and ring handshake: pickled (what, ring id
 _RINGED = b"LZR"  # then ring id, count, (frame index, position, length) * count; then the message
 _RINGED_HEAD = struct.Struct("<3sIH")
 _RINGED_ENTRY = struct.Struct("<HQQ")
+# control messages and their fields after the kind: (what, ring id, ...)
+_CONTROL_FIELDS = {"hello": (int, str), "offer": (int, str, str), "accept": (int,), "refuse": (int,), "reset": (int,)}
+CURVE_OVERHEAD_BYTES = 1024  # ZMQ_MAXMSGSIZE counts a frame as it is on the wire: with CURVE's box around it
+
+
+def max_frame_bytes() -> int:
+    """The largest frame a process receives or sends: ``LITZ_MAX_FRAME_BYTES`` (bytes, or with K, M, G, T), by
+    default the machine's physical memory. A frame is one buffer: the pickled message, or one large array of it;
+    none larger than the memory can be received anyway, so the default refuses no message that could arrive,
+    only a length no process could hold (garbage, a bit flip in a length). Set it the same on every machine."""
+    text = os.environ.get("LITZ_MAX_FRAME_BYTES", "").strip()
+    if text:
+        from .outofcore import parse_bytes
+
+        try:
+            return parse_bytes(text)
+        except LitzError as exc:
+            raise LitzError(f"LITZ_MAX_FRAME_BYTES: {exc}") from None
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 1 << 36
+
+
+def _control_message(head: Any) -> tuple:
+    """A control frame's message, ``_CONTROL`` stripped, checked against its kind's fields."""
+    try:
+        what = pickle.loads(head[3:])
+    except Exception as exc:
+        raise BadMessage("not a pickled control message", f"{type(exc).__name__}: {str(exc)[:120]}") from None
+    fields = _CONTROL_FIELDS.get(what[0]) if type(what) is tuple and what and type(what[0]) is str else None
+    if fields is None or len(what) != len(fields) + 1 or not all(map(isinstance, what[1:], fields)):
+        raise BadMessage("malformed control message")
+    return what
 
 
 def _buffer(frame: Any) -> Any:
@@ -92,6 +132,9 @@ class ZmqEndpoint(Endpoint):
             self.router.curve_secretkey = self._secret
         self.router.router_handover = 1  # a restarted peer with the same id takes over its route
         self.router.rcvhwm = HIGH_WATER_MARK
+        self.max_frame = max_frame_bytes()
+        # ZeroMQ closes the connection of a frame over this before buffering it (no reason is reported)
+        self.router.maxmsgsize = self.max_frame + CURVE_OVERHEAD_BYTES
         self.router.linger = 0
         if local_dir is not None:  # the pid keeps a restarted process with the same id off its old socket file
             self.address = f"ipc://{local_dir}/{ident}-{os.getpid()}"
@@ -143,11 +186,15 @@ class ZmqEndpoint(Endpoint):
             sock.heartbeat_ivl, sock.heartbeat_timeout = HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS
             monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
             self._watches[peer] = _Watch(monitor)
-        sock.connect(address)
+        self._peers[peer] = sock
+        try:
+            sock.connect(address)
+        except zmq.ZMQError:  # not an address ZeroMQ can connect to: nothing of this attempt stays open
+            self._close_connection(peer)
+            raise
         # First on this connection: where we listen. A peer that knew a process of our id at another address
         # (we restarted under the same --id) sends its answers to that address until it hears this.
         sock.send_multipart([_CONTROL + pickle.dumps(("hello", 0, self.address))])
-        self._peers[peer] = sock
         self._addresses[peer] = address
         if self._rings:  # offered now, so it is accepted before the first large frame (which would go inline)
             self._offer(peer)
@@ -210,6 +257,9 @@ class ZmqEndpoint(Endpoint):
         """Send ``msg`` to ``peer``; returns the bytes handed to ZeroMQ."""
         frames = wire.encode(msg) if pickler is None else wire.encode(msg, pickler)
         sizes = [memoryview(f).nbytes for f in frames]
+        if max(sizes) > self.max_frame:  # the peer would close the connection, and the message be lost
+            raise LitzError(f"{self.ident}: a message to {peer} ({msg[1][0] if _tagged(msg) else type(msg).__name__}) "
+                            f"has a frame of {max(sizes):,} bytes, over LITZ_MAX_FRAME_BYTES ({self.max_frame:,})")
         if self._rings and len(frames) > 1 and max(sizes[1:]) >= RING_MIN_BYTES:
             frames = self._through_ring(peer, frames, sizes)
         self._send_frames(peer, frames)
@@ -260,12 +310,14 @@ class ZmqEndpoint(Endpoint):
         kind, ring_id = what[0], what[1]
         if kind == "hello":
             if self._addresses.get(sender, what[2]) != what[2]:  # a new process under a known id
-                self.connect(sender, what[2])
+                self._connect_to(sender, what[2])
             return
         if kind == "offer":
             name, address = what[2], what[3]
+            if not name.startswith(self._ring_prefix + "-"):  # mapping it unlinks it: only this job's rings
+                raise BadMessage("ring offer outside the job's rings", name[:80])
             if not self.knows(sender):
-                self.connect(sender, address)
+                self._connect_to(sender, address)
             old = self._readers.pop(sender, None)
             if old is not None:
                 old[1].close()
@@ -291,24 +343,41 @@ class ZmqEndpoint(Endpoint):
                 del self._writers[sender]
                 ring[1].close()
 
-    def _from_ring(self, sender: str, frames: list, borrow: bool) -> tuple[list, tuple | None] | None:
+    def _connect_to(self, peer: str, address: str) -> None:
+        """:meth:`connect` to an address a peer gave in a control message, which may be anything."""
+        if not address.startswith(("tcp://", "ipc://")):
+            raise BadMessage("control message with a bad address", address[:80])
+        try:
+            self.connect(peer, address)
+        except (zmq.ZMQError, OSError, ValueError) as exc:
+            raise BadMessage("control message with a bad address", f"{address[:80]}: {exc}") from None
+
+    def _from_ring(self, sender: str, frames: list, borrow: bool) -> tuple[list, tuple | None]:
         """The message's frames with ring positions replaced by the frames' bytes (copies, or views when
-        borrowing, then also what to release once the message is handled); None for an unknown ring."""
+        borrowing, then also what to release once the message is handled)."""
         head = _buffer(frames[0])
+        if len(head) < _RINGED_HEAD.size:
+            raise BadMessage("truncated ring header")
         _, ring_id, count = _RINGED_HEAD.unpack_from(head)
+        if len(head) < _RINGED_HEAD.size + count * _RINGED_ENTRY.size:
+            raise BadMessage("truncated ring header")
         ring = self._readers.get(sender)
         if ring is None or ring[0] != ring_id:
             # The peer writes into a ring this process never mapped (it restarted under the same id): the
             # message cannot be read. Tell the peer to drop that ring; the next large frame offers a new one.
-            sys.stderr.write(f"litz: {self.ident}: dropped a message from {sender} in an unknown ring\n")
             self._control(sender, ("reset", ring_id))
-            return None
+            raise BadMessage("frames in a ring this process does not know")
         reader = ring[1]
         rest = list(frames[1:])
         end = 0
         for k in range(count):
             index, pos, n = _RINGED_ENTRY.unpack_from(head, _RINGED_HEAD.size + k * _RINGED_ENTRY.size)
-            rest[index] = reader.view(pos, n) if borrow else reader.take(pos, n)
+            if not 0 < index < len(rest):
+                raise BadMessage("ring entry for a frame the message does not have")
+            try:
+                rest[index] = reader.view(pos, n) if borrow else reader.take(pos, n)
+            except ValueError as exc:
+                raise BadMessage("ring entry out of the ring", str(exc)) from None
             end = pos + n
         return rest, (reader, end) if borrow else None
 
@@ -332,6 +401,7 @@ class ZmqEndpoint(Endpoint):
         ``borrow=True`` saves a copy of each frame that came through a ring: its arrays are views into the
         ring, valid only until the next message is taken, so the caller must copy whatever it keeps."""
         held = None
+        guard = self.guard
         try:
             for _ in range(limit):
                 if held is not None:
@@ -341,17 +411,23 @@ class ZmqEndpoint(Endpoint):
                 if got is None:
                     return
                 sender, body = got
-                head = _buffer(body[0])
-                tag = head[:3]
-                if tag == _RINGED:
-                    got = self._from_ring(sender, body, borrow)
-                    if got is None:
-                        continue
-                    body, held = got
-                elif tag == _CONTROL:
-                    self._on_control(sender, pickle.loads(head[3:]))
+                if guard.is_cut(sender):
                     continue
-                yield sender, wire.decode(body)
+                try:
+                    if not body:
+                        raise BadMessage("no frames")
+                    head = _buffer(body[0])
+                    tag = head[:3]
+                    if tag == _RINGED:
+                        body, held = self._from_ring(sender, body, borrow)
+                    elif tag == _CONTROL:
+                        self._on_control(sender, _control_message(head))
+                        continue
+                    msg = wire.decode(body)
+                except BadMessage as exc:
+                    guard.refuse(sender, exc.reason, exc.detail)
+                    continue
+                yield sender, msg
         finally:
             if held is not None:
                 held[0].release(held[1])
@@ -364,11 +440,18 @@ class ZmqEndpoint(Endpoint):
 
     def _next_incoming(self) -> tuple[str, list] | None:
         """The next received message as (sender, frames), or None if nothing is waiting."""
-        try:
-            frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            return None
-        return frames[0].bytes.decode(), frames[1:]
+        while True:
+            try:
+                frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return None
+            raw = frames[0].bytes
+            try:
+                return raw.decode(), frames[1:]
+            except UnicodeDecodeError:
+                peer = repr(raw)
+                if not self.guard.is_cut(peer):
+                    self.guard.refuse(peer, "sender id is not UTF-8")
 
     def close(self, discard: bool = False) -> None:
         """Close everything. Queued messages get the sockets' linger to reach their peers, unless ``discard``:
@@ -384,6 +467,11 @@ class ZmqEndpoint(Endpoint):
         self._peers.clear()
         self.router.close(linger=0)
         self.context.term()
+
+
+def _tagged(msg: Any) -> bool:
+    """Whether ``msg`` is a process's (epoch, (tag, ...)) envelope, whose tag an error message can name."""
+    return type(msg) is tuple and len(msg) == 2 and type(msg[1]) is tuple and bool(msg[1])
 
 
 def _open_tcp(ident: str, secret: str, where: str, *, watch: bool = False,

@@ -8,6 +8,8 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
+from .guard import BadMessage
+
 # Buffers smaller than this are pickled in-band: a separate frame costs more than copying a few bytes.
 OUT_OF_BAND_MIN_BYTES = 1024
 
@@ -30,11 +32,17 @@ def encode(obj: Any, pickler: Any = pickle) -> list:
 
 
 def decode(frames: list) -> Any:
-    """Inverse of :func:`encode`; arrays reference the received frames (zero-copy)."""
+    """Inverse of :func:`encode`; arrays reference the received frames (zero-copy). Frames that are no message
+    (garbage, empty, truncated, out-of-band frames missing) raise :class:`BadMessage`, whatever pickle raised."""
+    if not frames:
+        raise BadMessage("no frames")
     head = frames[0]
     head = head.buffer if hasattr(head, "buffer") else head
     bufs = [f.buffer if hasattr(f, "buffer") else f for f in frames[1:]]
-    return pickle.loads(head, buffers=bufs)
+    try:
+        return pickle.loads(head, buffers=bufs)
+    except Exception as exc:  # a bad stream can raise nearly anything: EOFError, struct.error, AttributeError...
+        raise BadMessage("not a pickled message", f"{type(exc).__name__}: {str(exc)[:120]}") from None
 
 
 def size_of(obj: Any) -> int:

@@ -22,7 +22,8 @@ from .api import Executor, held_input
 from .appload import load_executor_class, loaded_tokens
 from .cache import MISS, ParamCache, UpdateLog, read_only
 from .checkpoint import executor_part, read_part, sync_filesystem, write_part
-from .errors import LitzError, describe_app_exception
+from .errors import LitzError, app_code, describe_app_exception
+from .guard import BadMessage
 from .keys import ShardMap
 from .outofcore import Residency
 from .process import Process
@@ -115,13 +116,14 @@ class Worker(Process):
 
     # -- event loop ----------------------------------------------------------------------------------
     def run(self, start_timeout: float = 600.0) -> None:
-        self.send("master", (P.HELLO, "worker", {"address": self.endpoint.address, "app_tokens": loaded_tokens()}))
+        self.send("master", (P.HELLO, P.VERSION, "worker", {"address": self.endpoint.address,
+                                                             "app_tokens": loaded_tokens()}))
         self.await_welcome(start_timeout)
         last_check = clock.time()
         while self.running:
             if self.wait_for_messages(0 if self.runnable else 100):
                 for sender, msg in self.receive():
-                    self.handle(sender, msg)
+                    self.handle_message(sender, msg)
                     if not self.running:
                         return
             if self.runnable:
@@ -157,7 +159,7 @@ class Worker(Process):
             return  # read after the partial recovery: what it answered was asked again elsewhere
         if tag == P.TASKS:
             gen = self.gen
-            to_load = []
+            to_load, strays = [], []
             # Only the master's dispatches come behind the invalidations they need (a task another worker
             # forwards was dispatched behind that worker's): only they may read live cache entries.
             live_ok = sender == "master" and len(msg) > 2
@@ -173,17 +175,26 @@ class Worker(Process):
                     self.waiting_load[eid].append(Task(tid, eid, version, args, gen, live_ok))
                     self.pending[eid] += 1
                     to_load.append(eid)
+                elif eid in self.moved_to:  # it left: the task follows it, behind it on the same channel
+                    self.send(self.moved_to[eid], (P.TASKS, [(tid, eid, version, args)]))
                 else:
-                    self.misrouted(tid, eid, version, args)
+                    strays.append(eid)
             for eid in to_load:  # after every task of the message counts: a load must not evict their executors
                 self.prefetch(eid)
+            if strays:  # the batch's other tasks run: only these are dropped
+                raise BadMessage("tasks for executors that were never here", f"executors {strays[:5]!r:.60}")
         elif tag == P.VALUES:
             self.on_values(None if len(msg) > 2 else sender, msg[1])  # None: forwarded, never live
         elif tag == P.ACK:
             self.on_ack(sender, msg[1], msg[2], msg[3], len(msg) > 4)
         elif tag == P.APP:
             _, blob, token, self.config, self.num_executors = msg
-            self.executor_cls = load_executor_class(blob, token)
+            try:
+                self.executor_cls = load_executor_class(blob, token)
+            except LitzError:
+                raise
+            except Exception as exc:  # the app's module cannot be imported here (a package missing on this machine)
+                self.fail(*describe_app_exception("loading the app's executor class", exc))
         elif tag == P.SHARDS:
             self.on_shard_map(msg[1], list(msg[2]), msg[3])
         elif tag == P.CREATE:
@@ -213,7 +224,7 @@ class Worker(Process):
         elif tag == P.SERVERS_LOST:
             self.servers_lost(set(msg[1]), msg[2], set(msg[3]) if len(msg) > 3 else None)
         elif not self.handle_lifecycle(tag, msg):
-            self.fail(f"worker {self.ident}", f"unexpected message {tag!r} from {sender}")
+            raise BadMessage("unexpected tag", repr(tag))  # the shapes let none through
 
     def fail(self, where: str, text: str) -> None:
         self.send("master", (P.FAIL, where, text))
@@ -313,7 +324,8 @@ class Worker(Process):
     def install(self, eid: int, state: Any) -> Executor:
         ex = self._bind(eid)
         if hasattr(ex, "__setstate__"):
-            ex.__setstate__(state)
+            with app_code(f"executor {eid} __setstate__"):  # an app's error, not the message's that brought the state
+                ex.__setstate__(state)
             if isinstance(state, dict):  # the input data travels beside the state: an app's own may not take it
                 ex.__dict__.update({a: state[a] for a in ex.input_attrs if a in state and a not in ex.__dict__})
         else:
@@ -433,14 +445,15 @@ class Worker(Process):
         self.load_now(eid)
         ex = self.executors.get(eid)
         if ex is None:
-            self.fail(f"worker {self.ident}", f"asked to copy the input of executor {eid}, which is not here")
-            return
+            raise BadMessage("asked to copy the input of an executor that is not here", f"executor {eid!r:.20}")
         data = held_input(ex)
         self.copied[eid] = data
         self.send(dest, (P.INPUT, eid, data), pickler=cloudpickle)
 
     def start_move(self, eid: int, dest: str, with_input: bool, copied: bool = False) -> None:
         """Stop starting tasks of ``eid``; it ships once its started tasks have finished (thesis §4.4)."""
+        if eid not in self.executors and eid not in self.residency.spilled:
+            raise BadMessage("asked to move an executor that is not here", f"executor {eid!r:.20}")
         self.load_now(eid)
         queued = [t for t in self.runnable if t.eid == eid and t.glet is None]
         if queued:
@@ -448,14 +461,6 @@ class Worker(Process):
         self.moving[eid] = (dest, with_input, copied, [(t.tid, t.eid, t.version, t.args) for t in queued])
         self.pending[eid] -= len(queued)
         self.ship_ready_executors()
-
-    def misrouted(self, tid: int, eid: int, version: int, args: Any) -> None:
-        """A task for an executor that left: it follows (behind the executor, on the same channel)."""
-        dest = self.moved_to.get(eid)
-        if dest is None:
-            self.fail(f"worker {self.ident}", f"received a task for executor {eid}, which was never here")
-        else:
-            self.send(dest, (P.TASKS, [(tid, eid, version, args)]))
 
     def ship_ready_executors(self) -> None:
         for eid in [e for e in self.moving if self.started[e] == 0]:

@@ -55,7 +55,8 @@ class Registry:
 def master_with(launcher: Launcher, alive: set[str]) -> SimpleNamespace:
     workers = {f"w{i}": Member(f"w{i}", "worker", {"pid": 100 + i}) for i in range(2)}
     servers = {"s0": Member("s0", "server", {"pid": 200})}
-    m = SimpleNamespace(supervise=launcher, _dead_children=[], _unreachable=[], workers=workers, servers=servers,
+    m = SimpleNamespace(supervise=launcher, _dead_children=[], _unreachable=[], _misbehaving=[], workers=workers,
+                        servers=servers,
                         started=True, executor_owner=["w0", "w1"], membership=Registry(alive),
                         endpoint=Connections(), retired=[])
     m.losses_noticed = lambda: Master.losses_noticed(m)
@@ -72,6 +73,19 @@ def test_a_child_seen_exiting_between_checks_is_reported_lost_once():
     assert Master.losses_noticed(m)  # still pending until find_lost takes it
     lost = Master.find_lost(m)
     assert [x.ident for x in lost] == ["w1"] and lost[0].noticed == "process was killed by signal 9"
+    assert Master.find_lost(m) == []
+
+
+def test_a_member_that_floods_the_master_with_malformed_messages_is_lost_once_and_evicted():
+    m = master_with(Launcher(), alive={"w0", "w1", "s0"})
+    m.supervise = None
+    m.endpoint.cut_off = lambda peer: True
+    assert Master.offender(m, "w0") and Master.offender(m, "stranger")  # both cut off; only w0 is lost
+    assert Master.losses_noticed(m)
+    lost = Master.find_lost(m)
+    assert [x.ident for x in lost] == ["w0"] and lost[0].noticed == "sent malformed messages"
+    assert m.membership.evicted == ["w0"]  # were it alive after all, it would stop
+    del m.workers["w0"]  # recovery forgets it
     assert Master.find_lost(m) == []
 
 

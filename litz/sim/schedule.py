@@ -257,6 +257,11 @@ class Schedule:
                 violations.append(f"job failed: {type(mp.error).__name__}: {str(mp.error).strip()[-600:]}")
             elif not mp.result:
                 violations.append("job finished without a result")
+            # nothing in a schedule sends a malformed message: a drop is a message the protocol got wrong
+            for ident, proc in [("master", self.master), *self.members.items()]:
+                guard = proc.endpoint.guard if proc is not None else None
+                if guard is not None and guard.dropped:
+                    violations.append(f"{ident} dropped {guard.dropped} message(s) as malformed: {guard.last}")
             for p in world.processes:
                 # one that started as the job ended finds no master: so would a real one
                 if p is not mp and p.error is not None and not p.killed and p.ended_at < mp.ended_at:

@@ -27,6 +27,7 @@ import greenlet
 
 from .. import wire
 from ..endpoint import Endpoint
+from ..guard import BadMessage
 
 EPOCH = 1_800_000_000.0  # what clock.time() reads at simulated time 0
 BANDWIDTH = 1e9  # bytes per simulated second on every connection
@@ -299,7 +300,12 @@ class SimEndpoint(Endpoint):
             if not inbox or self.gone_at is not None:
                 return
             sender, frames = inbox.popleft()
-            yield sender, wire.decode(frames)
+            try:
+                msg = wire.decode(frames)
+            except BadMessage as exc:
+                self.guard.refuse(sender, exc.reason, exc.detail)
+                continue
+            yield sender, msg
 
     def poll(self, timeout_ms: float) -> bool:
         if self.gone_at is not None:
