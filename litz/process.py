@@ -293,7 +293,8 @@ class Process:
             return "not a process of this job", ""
         if plausible_id(sender):
             try:
-                known = self.membership.get(f"ids/{sender}") is not None or self.membership.master() is None
+                known = (self.membership.get(f"ids/{sender}") is not None or self.membership.master() is None
+                         or not self.registry_settled())  # just back empty: it may not have written its id (R3)
             except Exception:  # the registry is unreachable
                 known = True
         else:

@@ -55,7 +55,9 @@ class Membership:
         self.lost = threading.Event()  # set once we are out of the job: evicted, or another master took it
         self._registered: str | None = None  # our member id, once registered
         self._owned: dict[str, tuple[Any, bool]] = {}  # key -> (value, leased): rewritten after a lapse (R2)
-        self._settled_since: float | None = None  # since when our lease has held without a break (R3)
+        # since when the registry has answered without a break (R3): no grace at the start, what we read and
+        # write then is the registry as it is; None after a failed call until the keeper reaches it again
+        self._settled_since: float | None = float("-inf")
         self._evictions: set[str] = set()  # eviction markers not yet written (the registry was down)
         self.reregistrations = 0
 
@@ -63,7 +65,6 @@ class Membership:
     def _start_keepalive(self) -> Lease:
         if self._lease is None:
             self._lease = self.kv.lease(self.ttl)
-            self._settled_since = clock.time()
             self.kv.fail_fast_while_down()  # the keeper probes the registry from now on (R1)
             if getattr(self._lease, "renews_itself", False):  # litz.sim keeps it, and calls tend() itself
                 return self._lease
