@@ -29,7 +29,6 @@ from .errors import LitzError, RegistryUnavailable, app_code, app_error
 from .guard import BadMessage
 from .joblog import JobLog, check_json
 from .membership import Membership
-from .membership.membership import REREGISTER_GRACE_S
 from .outofcore import parse_bytes
 from .placement import leaving_first, plan_moves
 from .process import Process, plausible_id
@@ -892,8 +891,12 @@ class Master(Process):
             if exc.down_for > self.membership.give_up_after:
                 raise LitzError(f"{exc}; gave up (--etcd-timeout)") from None
             return list(lost.values())  # unknown is not absent (R1)
-        if self.membership.settled_for() < REREGISTER_GRACE_S:
-            return list(lost.values())  # right after an outage or a reset: members are writing their keys (R3)
+        try:
+            settled = self.membership.registry_settled()
+        except RegistryUnavailable:
+            settled = False
+        if not settled:
+            return list(lost.values())  # the registry came back empty: members are writing their keys (R3)
         now = clock.time()
         for ident, m in members.items():
             if ident not in alive and ident not in lost:

@@ -14,7 +14,6 @@ from .endpoint import listen_address, open_endpoint
 from .errors import AppError, InputError, LitzError, RegistryUnavailable, describe_app_exception
 from .guard import describe
 from .membership import Membership
-from .membership.membership import REREGISTER_GRACE_S
 
 # A member takes the job for over once the master's registry key has been missing this long (a finished job
 # tells its members to stop over the data plane first: this is the fallback for a master that died), so that
@@ -231,7 +230,7 @@ class Process:
     def registry_settled(self) -> bool:
         """Whether a peer missing from the registry is gone (M4), not yet registered again (R3)."""
         try:
-            return self.membership.settled_for() >= REREGISTER_GRACE_S
+            return self.membership.registry_settled()
         except RegistryUnavailable:
             return False
 

@@ -44,8 +44,8 @@ class Registry:
         self.evicted.append(ident)
         self.alive.discard(ident)
 
-    def settled_for(self) -> float:
-        return 3600.0  # the registry has held the master's registration all along
+    def registry_settled(self) -> bool:
+        return True  # the registry has held every registration all along
 
     @property
     def give_up_after(self) -> float:
@@ -143,12 +143,12 @@ def test_a_member_gone_without_retiring_after_retire_was_sent_is_lost(monkeypatc
     assert m.retired == []
 
 
-def bare_process(member, settled: float = 3600.0) -> tuple[Process, list]:
+def bare_process(member, settled: bool = True) -> tuple[Process, list]:
     sent: list = []
     proc = Process.__new__(Process)
     proc.ident, proc.epoch, proc._held = "s2", 0, {}
     proc.membership = SimpleNamespace(member=member, master=lambda: {"address": "tcp://m:1"},
-                                      settled_for=lambda: settled)
+                                      registry_settled=lambda: settled)
     proc.endpoint = SimpleNamespace(knows=lambda peer: False, connect=lambda peer, address: None,
                                     send=lambda peer, msg, p=None: sent.append((peer, msg)) or 9)
     return proc, sent
@@ -183,7 +183,7 @@ def test_a_message_the_registry_cannot_address_yet_waits_in_order():
     proc.send_held()
     assert [msg for _, (_, msg) in sent] == [("gets", 1), ("gets", 2), ("gets", 3)] and proc._held == {}
 
-    proc, sent = bare_process(lambda ident: None, settled=1.0)  # missing from a registry that just came back
+    proc, sent = bare_process(lambda ident: None, settled=False)  # missing from a registry just back empty
     assert proc.send("s1", ("gets", 1)) == 0 and "s1" in proc._held
 
 

@@ -69,6 +69,7 @@ class Rogue:
 def membership(litz_home):
     m = Membership(connect_kv(home=str(litz_home)), "job")
     m.kv.put(m.prefix + "master", {"address": "nowhere"})  # the job runs: its registry has not been cleared
+    m.kv.put(m.prefix + "settled", 0.0)  # and has not come back empty: a missing id is a stranger
     m.kv.put(m.prefix + "ids/w9", 1.0)  # a process of this job, for the messages that must still get through
     return m
 

@@ -23,6 +23,7 @@ DEFAULT_TTL = 3.0
 # After an outage or a reset of the registry, how long the master waits before a missing member key counts as
 # a loss: every member's keeper (period ttl / 4) has found and rewritten its registration by then (R3).
 REREGISTER_GRACE_S = 2 * DEFAULT_TTL
+SETTLED = "settled"  # the master's key: from when a missing member key means a lost process (R3)
 
 
 def litz_home() -> str:
@@ -55,9 +56,6 @@ class Membership:
         self.lost = threading.Event()  # set once we are out of the job: evicted, or another master took it
         self._registered: str | None = None  # our member id, once registered
         self._owned: dict[str, tuple[Any, bool]] = {}  # key -> (value, leased): rewritten after a lapse (R2)
-        # since when the registry has answered without a break (R3): no grace at the start, what we read and
-        # write then is the registry as it is; None after a failed call until the keeper reaches it again
-        self._settled_since: float | None = float("-inf")
         self._evictions: set[str] = set()  # eviction markers not yet written (the registry was down)
         self.reregistrations = 0
 
@@ -77,7 +75,7 @@ class Membership:
             try:
                 self.tend()
             except Exception:  # registry unreachable (or failing oddly): try again next period
-                self._settled_since = None
+                pass
 
     def tend(self) -> None:
         """One keeper step: refresh our lease; if the registry no longer knows it, take a new one and write our
@@ -85,22 +83,17 @@ class Membership:
         lease = self._lease
         if lease is None or self.lost.is_set():
             return
-        try:
-            alive = lease.refresh()
-        except LitzError:  # unreachable: whatever the registry says when it is back is not settled yet (R3)
-            self._settled_since = None
-            raise
-        if alive:
-            if self._settled_since is None:
-                self._settled_since = clock.time()
+        if lease.refresh():
             self._write_evictions()
             return
-        self._settled_since = None
         if self._registered is not None and self._marked_evicted(self._registered):
             self.lost.set()
             return
         fresh = self.kv.lease(self.ttl)
-        for key, (value, leased) in list(self._owned.items()):
+        settled = self.prefix + SETTLED
+        if settled in self._owned:  # first: while members write their keys again, none counts as missing (R3)
+            self._owned[settled] = (clock.time() + REREGISTER_GRACE_S, False)
+        for key, (value, leased) in sorted(self._owned.items(), key=lambda kv: kv[0] != settled):
             if key == self.prefix + "master":
                 if not self.kv.create(key, value, fresh):
                     other = self.kv.get(key) or {}
@@ -112,19 +105,13 @@ class Membership:
                 self.kv.put(key, value, fresh if leased else None)
         self._lease = fresh
         self.reregistrations += 1
-        self._settled_since = clock.time()
 
-    def settled_for(self) -> float:
-        """Seconds our registration has held in a reachable registry without a break (0 if it does not now).
-        Reads our own key: a registry that lost it between two keeper steps is not settled (R3)."""
-        since = self._settled_since
-        if since is None:
-            return 0.0
-        mine = next(iter(self._owned.items()), None)  # the master's key, or a member's own, written first
-        if mine is not None and mine[1][1] and self.kv.get(mine[0]) is None:
-            self._settled_since = None
-            return 0.0
-        return clock.time() - since
+    def registry_settled(self) -> bool:
+        """Whether a key missing from the registry means its process is gone: not within the grace the master
+        gives members to write their keys again after the registry lost them (it came back empty), and not
+        before the master itself has written them again (R3). Raises if the registry cannot be read."""
+        since = self.kv.get(self.prefix + SETTLED)
+        return since is not None and clock.time() >= since
 
     def registry_down_since(self) -> float | None:
         """When the registry stopped answering (None while it answers)."""
@@ -150,6 +137,7 @@ class Membership:
             raise LitzError(f"job {self.job!r} already has a master (pid {other.get('pid')} on "
                             f"{other.get('host')})")
         self._own(self.prefix + "master", info, True)
+        self.put(SETTLED, clock.time(), keep=True)  # the registry is as it is: every member's key counts
 
     def allocate_id(self, role: str) -> str:
         letter = {"worker": "w", "server": "s"}[role]
