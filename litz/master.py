@@ -224,6 +224,7 @@ class Master(Process):
                 self.publish_status()
             self.joblog.show(self.tasks_completed, self.rate(), len(self.workers), len(self.servers))
         self.state = "finished" if self.state == "running" else self.state
+        self.recovery.failures.settle()  # checkpoint failures counted and not told yet
         self.joblog.show(self.tasks_completed, self.rate(), len(self.workers), len(self.servers), force=True)
         self.joblog.end_progress(self.state)
         return self.result
