@@ -14,7 +14,7 @@ from .roles import job_secret
 from .security import new_secret
 
 
-def run_master(app: Any, name: str, *, etcd: str | None, home: str | None = None,
+def run_master(app: Any, name: str, *, etcd: Any, home: str | None = None,
                secret_file: str | None = None, **job: Any) -> Any:
     """Run a cluster job's master. Given a secret (--secret-file or $LITZ_SECRET), every role and litzctl need
     it too and it stays out of the registry; else a new one is published there."""

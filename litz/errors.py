@@ -1,11 +1,28 @@
 """Errors that end a job with one clear line instead of a traceback."""
 import contextlib
+import time
 import traceback
 from collections.abc import Iterator
+
+from . import clock
 
 
 class LitzError(Exception):
     """A user-facing problem (bad input, unreachable service, lost process): printed as one line."""
+
+
+class RegistryUnavailable(LitzError):
+    """The registry (etcd) cannot be reached now; ``since``: when calls began to fail (docs/design.md, R1)."""
+
+    def __init__(self, where: str, since: float, why: str = ""):
+        self.since = since
+        when = time.strftime("%H:%M:%S", time.localtime(since))
+        super().__init__(f"etcd at {where} unreachable since {when} ({clock.time() - since:.0f} s)"
+                         + (f": {why}" if why else ""))
+
+    @property
+    def down_for(self) -> float:
+        return clock.time() - self.since
 
 
 class InputError(LitzError):

@@ -73,8 +73,8 @@ def run_job(app: App, membership: Membership, secret: str, *, config: dict | Non
         master.close()
         raise  # refused (another master holds the name): leave that job's registry entries alone
     try:
-        if publish_secret:
-            membership.put("secret", secret)
+        if publish_secret:  # part of the master's registration: written again after a registry reset (R2)
+            membership.put("secret", secret, keep=True)
         if on_registered:
             on_registered()
         result = master.run()

@@ -69,7 +69,7 @@ class LocalProcesses:
     """The child processes of a local job: forks of a fork server (see :mod:`litz.forkserver`), or fresh
     interpreters with ``LITZ_SPAWN=exec``."""
 
-    def __init__(self, name: str, home: str, secret: str, etcd: str | None = None,
+    def __init__(self, name: str, home: str, secret: str, etcd: Any = None,
                  server_memory_limit: int | None = None):
         self.name, self.home, self.etcd = name, home, etcd
         self.server_memory_limit = server_memory_limit
@@ -89,7 +89,7 @@ class LocalProcesses:
     def start(self, role: str) -> Any:
         argv = [role, "--name", self.name, "--home", self.home]
         if self.etcd:
-            argv += ["--etcd", self.etcd]
+            argv += self.etcd.argv() if hasattr(self.etcd, "argv") else ["--etcd", self.etcd]
         if role == "server" and self.server_memory_limit:
             argv += ["--memory-limit", str(self.server_memory_limit)]
         if self.forks is not None:

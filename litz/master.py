@@ -25,9 +25,10 @@ from .appload import App
 from .checkpoint import CheckpointStore
 from .control import Refusal, RequestVerifier
 from .endpoint import listen_host
-from .errors import LitzError, app_code, app_error
+from .errors import LitzError, RegistryUnavailable, app_code, app_error
 from .joblog import JobLog, check_json
 from .membership import Membership
+from .membership.membership import REREGISTER_GRACE_S
 from .outofcore import parse_bytes
 from .placement import leaving_first, plan_moves
 from .process import Process
@@ -119,6 +120,7 @@ class Master(Process):
         self.workers: dict[str, Member] = {}
         self.servers: dict[str, Member] = {}
         self.addresses: dict[str, str] = {}  # every id that joined -> its latest process's address
+        self._outages_logged = 0  # registry outages already in the job's events
         self.executor_owner: list[str] = []
         self.shard_owner: list[str] = []
         self.map_version = 0
@@ -224,7 +226,10 @@ class Master(Process):
                 self.after_batch()
             if (wake_fd in ready and self.woken()) or now - last_requests > REQUESTS_CHECK_S:
                 last_requests = now
-                self.take_requests()
+                try:
+                    self.take_requests()
+                except RegistryUnavailable:
+                    pass  # litzctl cannot reach the registry either; its requests wait there (R1)
                 self.after_batch()
             if now - last_status > STATUS_EVERY_S:
                 last_status = now
@@ -446,8 +451,12 @@ class Master(Process):
                     self.send(peer, (P.PEER, ident, info["address"]))
         self.addresses[ident] = info["address"]
         members = self.workers if role == "worker" else self.servers
-        members[ident] = Member(ident, role, {**(self.membership.member(ident) or {}), **info,
-                                              "id_taken": self.membership.get(f"ids/{ident}")})
+        try:
+            registered, id_taken = self.membership.member(ident) or {}, self.membership.get(f"ids/{ident}")
+        except RegistryUnavailable:
+            registered, id_taken = {}, None  # it read the registry a moment ago to find us; fine without (R1)
+        members[ident] = Member(ident, role, {**registered, **info, "id_taken": id_taken})
+        self.membership.note_ids([ident])
         pid = members[ident].info.get("pid")
         self.spawning = [s for s in self.spawning if getattr(s[1], "pid", None) != pid]
         if not self.executor_owner:
@@ -813,7 +822,14 @@ class Master(Process):
                 m.noticed = "connection dropped"
                 lost[ident] = m
                 self.membership.evict(ident)  # if it lives after all, it sees this and stops
-        alive = self.membership.members()
+        try:
+            alive = self.membership.members()
+        except RegistryUnavailable as exc:
+            if exc.down_for > self.membership.give_up_after:
+                raise LitzError(f"{exc}; gave up (--etcd-timeout)") from None
+            return list(lost.values())  # unknown is not absent (R1)
+        if self.membership.settled_for() < REREGISTER_GRACE_S:
+            return list(lost.values())  # right after an outage or a reset: members are writing their keys (R3)
         now = clock.time()
         for ident, m in members.items():
             if ident not in alive and ident not in lost:
@@ -854,6 +870,8 @@ class Master(Process):
             self.maybe_end_operation()
 
     def check_members(self) -> None:
+        if self._held:
+            self.send_held()
         self.check_spawning()
         lost = self.find_lost()
         if lost:
@@ -975,6 +993,12 @@ class Master(Process):
             "workers_memory": sum(w["memory"] or 0 for w in st["workers"]),
             "servers_memory": sum(s["memory"] or 0 for s in st["servers"])})
         del self.history[:-HISTORY_SAMPLES]
+        outages = self.membership.registry_outages()
+        for since, until in outages[self._outages_logged:]:
+            self.joblog.event("registry_outage", since=round(since, 3), seconds=round(until - since, 3))
+        self._outages_logged = len(outages)
+        if self.membership.registry_down_since() is not None:
+            return  # written again once it answers (R1)
         try:
             self.membership.put("status", st, leased=True)
         except Exception:

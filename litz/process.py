@@ -11,8 +11,14 @@ from typing import Any
 from . import clock
 from . import protocol as P
 from .endpoint import listen_address, open_endpoint
-from .errors import LitzError
+from .errors import LitzError, RegistryUnavailable
 from .membership import Membership
+from .membership.membership import REREGISTER_GRACE_S
+
+# A member takes the job for over once the master's registry key has been missing this long (a finished job
+# tells its members to stop over the data plane first: this is the fallback for a master that died), so that
+# a registry reset, after which the master writes its key again, ends nothing (docs/design.md, R3).
+MASTER_GONE_GRACE_S = 10.0
 
 
 def resident_bytes() -> int:
@@ -97,6 +103,8 @@ class Process:
         self._future: list[tuple[str, int, Any]] = []
         self.drain_requested = False
         self._drain_sent = 0.0
+        self._master_missing_since: float | None = None
+        self._held: dict[str, list[tuple[Any, Any]]] = {}  # peer -> messages waiting for the registry to name it
         self.stopped = False  # the master told it to stop: the job is over, nothing left to deliver
 
     def handle_lifecycle(self, tag: str, msg: tuple) -> bool:
@@ -122,17 +130,33 @@ class Process:
 
     def job_goes_on(self) -> bool:
         """The worker's and server's once-a-second registry check: False once the job is over (its master is
-        gone); raises if the master took this process out of the job while it ran (it lost contact with it,
-        or this process's registration lapsed), so that a supervisor sees a failed process and can start a
-        new one, which joins afresh."""
-        if self.membership.master() is None:
-            return False
-        if self.membership.evicted():
-            if self.membership.master() is None:  # the job ended between the two reads: not an eviction
+        gone); raises if the master took this process out of the job while it ran (it lost contact with it),
+        so that a supervisor sees a failed process and can start a new one, which joins afresh. A registry
+        that cannot be read changes nothing until ``--etcd-timeout`` has passed (docs/design.md, R1)."""
+        try:
+            if self._held:
+                self.send_held()
+            if self.master_gone():
                 return False
-            raise LitzError(f"{self.role} {self.ident} was taken out of the job: the master lost contact with it "
-                            "or its registration lapsed")
+            if self.membership.evicted():
+                raise LitzError(f"{self.role} {self.ident} was taken out of the job: the master lost contact "
+                                "with it")
+        except RegistryUnavailable as exc:
+            if exc.down_for > self.membership.give_up_after:
+                raise LitzError(f"{self.role} {self.ident}: {exc}; gave up (--etcd-timeout)") from None
         return True
+
+    def master_gone(self) -> bool:
+        """Whether the master's registration has been missing from a reachable registry for
+        ``MASTER_GONE_GRACE_S`` (R3); raises :class:`RegistryUnavailable` if the registry cannot be read."""
+        if self.membership.master() is not None:
+            self._master_missing_since = None
+            return False
+        now = clock.time()
+        since = self._master_missing_since
+        if since is None:
+            self._master_missing_since = since = now
+        return now - since >= MASTER_GONE_GRACE_S
 
     def leave_now(self) -> None:
         """Signal-safe: the launcher of a local job died, and the master with it: end the event loop at once,
@@ -149,8 +173,11 @@ class Process:
         now = clock.time()
         if now - self._drain_sent > 5.0:
             self._drain_sent = now
-            if self.membership.master() is None:
-                return True
+            try:
+                if self.master_gone():
+                    return True
+            except RegistryUnavailable:
+                pass  # the master is there, as far as anyone knows: ask it
             self.send("master", (P.DRAIN_ME,))
         return False
 
@@ -167,11 +194,38 @@ class Process:
         """Send ``msg`` to ``peer``; 0 bytes if the peer is gone from the registry: a lost process, whose loss the
         master handles (the message would be lost on the way to it as well), must not take this one down
         (docs/design.md, M4)."""
+        held = self._held.get(peer)
+        if held is not None:  # earlier messages wait for its address: this one waits behind them
+            held.append(((self.epoch, copy.deepcopy(msg)), pickler))
+            return 0
         try:
             self.reach(peer)
-        except LitzError:
+        except LitzError as exc:
+            # unknown is not absent (R1), nor is a peer missing from a registry that just came back empty and
+            # that it has not written its key to again yet (R3): wait until the registry can tell
+            if isinstance(exc, RegistryUnavailable) or not self.registry_settled():
+                self._held[peer] = [((self.epoch, copy.deepcopy(msg)), pickler)]
             return 0
         return self.endpoint.send(peer, (self.epoch, msg), pickler)
+
+    def registry_settled(self) -> bool:
+        """Whether a peer missing from the registry is gone (M4), not yet registered again (R3)."""
+        try:
+            return self.membership.settled_for() >= REREGISTER_GRACE_S
+        except RegistryUnavailable:
+            return False
+
+    def send_held(self) -> None:
+        """Send what waited for the registry to name its peer (called once a second, from the registry check)."""
+        for peer in list(self._held):
+            try:
+                self.reach(peer)
+            except LitzError as exc:
+                if not isinstance(exc, RegistryUnavailable) and self.registry_settled():
+                    del self._held[peer]  # gone from the registry: lost with the peer, as any message to it (M4)
+                continue
+            for wrapped, pickler in self._held.pop(peer):
+                self.endpoint.send(peer, wrapped, pickler)
 
     def receive(self) -> Iterator[tuple[str, Any]]:
         """Messages received so far that belong to this process's epoch."""
@@ -204,8 +258,11 @@ class Process:
             if clock.time() > deadline:
                 raise LitzError(f"{self.role} {self.ident}: the master at {ep.address_of('master')} did not answer "
                                 f"within {timeout:.0f} s; is the job secret right?")
-            if self.membership.master() is None:
-                raise LitzError(f"{self.role} {self.ident}: the job's master is gone")
+            try:
+                if self.master_gone():
+                    raise LitzError(f"{self.role} {self.ident}: the job's master is gone")
+            except RegistryUnavailable:
+                pass  # waiting for the master is all there is to do
 
     def close(self) -> None:
         self.endpoint.close(discard=self.stopped)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import Any
 
 from .endpoint import listen_address
 from .errors import LitzError
@@ -37,7 +38,7 @@ def job_secret(membership: Membership, secret_file: str | None = None, wait_s: f
     return secret
 
 
-def serve(role: str, name: str, *, etcd: str | None = None, home: str | None = None,
+def serve(role: str, name: str, *, etcd: Any = None, home: str | None = None,
           secret_file: str | None = None, host: str = "127.0.0.1", bind_host: str | None = None,
           ident: str | None = None, start_timeout: float = 60.0, port: int = 0,
           memory_limit: int | None = None) -> None:
@@ -58,7 +59,7 @@ def serve(role: str, name: str, *, etcd: str | None = None, home: str | None = N
     if ident:
         if membership.member(ident) is not None:
             raise LitzError(f"process id {ident!r} is in use by a live process of job {name!r}")
-        membership.kv.put(f"{membership.prefix}ids/{ident}", time.time())  # a restarted pod may reuse its id
+        membership.claim_id(ident)  # a restarted pod may reuse its id
     ident = ident or membership.allocate_id(role)
     cls = Worker if role == "worker" else Server
     # a child of `litz run` (litz.local): every process of its job is on this machine

@@ -52,6 +52,7 @@ class Server(Process):
         self.exported: set = set()  # (shard, key) of arrays handed to ZeroMQ since their last update
         self.running = True
         self.retire_waiting: set[str] | None = None  # workers and servers whose fence we need before exiting
+        self.leaving = False  # RETIRED was sent: exit once nothing is held for the registry
         self.retire_since = -1  # the last shard-map version that gave this server a shard (from RETIRE)
         # who fenced this server -> the map version of its latest fence (a worker's: the map that dropped this
         # server; inf: one that sends nothing more whatever the map, a server or a retired worker)
@@ -70,7 +71,7 @@ class Server(Process):
                 for shard, nbytes, seconds in self.shards.enforce():
                     self.exported = {ref for ref in self.exported if ref[0] != shard}
                     self.send("master", (P.MEMORY_EVENT, "evict_shard", shard, nbytes, round(seconds, 6)))
-            if self.drain_requested and self.retire_waiting is None and self.leave_on_request():
+            if self.drain_requested and self.retire_waiting is None and not self.leaving and self.leave_on_request():
                 break
             now = clock.time()
             if now - last_check > 1.0:
@@ -78,6 +79,9 @@ class Server(Process):
                 if not self.job_goes_on():
                     break
                 self.send("master", (P.STATS, self.stats()))
+                self.maybe_retire()  # it may have waited for messages held for the registry
+            if self.leaving and not self._held:
+                break
 
     def stats(self) -> dict:
         return {"rss": process.resident_bytes(), "state_bytes": self.shards.resident_bytes(),
@@ -304,10 +308,11 @@ class Server(Process):
         fence counts only if the map it came with is later than the last one that gave this server a shard: a
         server given shards again after a worker fenced it gets that worker's requests again (docs/design.md,
         M3)."""
-        if (self.retire_waiting is not None and not self.shards
+        if (self.retire_waiting is not None and not self.shards and not self._held
                 and all(self.fences.get(w, -1) > self.retire_since for w in self.retire_waiting)):
             fenced = sorted(self.forwarded_to)
             for dest in fenced:  # behind what was forwarded there: a retiring one may be waiting for this
                 self.send(dest, (P.FENCE, -1))
             self.send("master", (P.RETIRED, fenced))
-            self.running = False
+            self.retire_waiting = None
+            self.leaving = True  # once nothing waits for the registry to name its peer (R1)

@@ -566,7 +566,7 @@ class Worker(Process):
 
     def can_retire(self) -> bool:
         return (not self.executors and not self.moving and not self.runnable and not self.completed
-                and not self.flushing and not self.residency.spilled and not self.waiting_load)
+                and not self.flushing and not self.residency.spilled and not self.waiting_load and not self._held)
 
     # -- micro-tasks ---------------------------------------------------------------------------------
     def run_slice(self) -> None:

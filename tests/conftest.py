@@ -58,40 +58,82 @@ def small_disk(tmp_path):
 
 
 class EtcdServer:
-    def __init__(self, endpoint: str, proc) -> None:
-        self.endpoint, self.proc = endpoint, proc
+    """One etcd member (or a whole one-member etcd) that a test can kill and start again."""
+
+    def __init__(self, name: str, data_dir: str, client: int, peer: int, cluster: str, state: str = "new"):
+        self.name, self.data_dir, self.client, self.peer = name, data_dir, client, peer
+        self.endpoint = f"127.0.0.1:{client}"
+        self.argv = ["etcd", "--data-dir", data_dir, "--name", name,
+                     "--listen-client-urls", f"http://127.0.0.1:{client}",
+                     "--advertise-client-urls", f"http://127.0.0.1:{client}",
+                     "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+                     "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                     "--initial-cluster", cluster, "--initial-cluster-state", state,
+                     "--initial-cluster-token", "litz-test"]
+        self.proc = None
+
+    def start(self) -> None:
+        import shutil
+        import subprocess
+
+        assert shutil.which("etcd"), "etcd is not installed (apt-get install etcd-server; .ci/run does this)"
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def wait_ready(self, timeout: float = 20) -> None:
+        from litz.membership.etcdkv import EtcdKV
+
+        deadline = time.time() + timeout
+        while True:
+            try:
+                EtcdKV(self.endpoint, timeout=1.0).close()
+                return
+            except Exception:
+                if time.time() > deadline or self.proc.poll() is not None:
+                    raise
+                time.sleep(0.2)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+        if self.proc is not None:
+            self.proc.wait()
+
+    def restart(self, empty: bool = False) -> None:
+        """Start it again on the same ports: with its data, or from an empty data directory."""
+        import shutil
+
+        self.kill()
+        if empty:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+        self.start()
 
 
 @pytest.fixture
 def etcd(tmp_path):
     """A real etcd server on free loopback ports (``.endpoint`` is 'HOST:PORT'), killed after the test."""
-    import shutil
-    import subprocess
-
-    binary = shutil.which("etcd")
-    assert binary, "etcd is not installed (apt-get install etcd-server; .ci/run does this)"
-    client, peer = free_port(), free_port()
-    proc = subprocess.Popen([binary, "--data-dir", str(tmp_path / "etcd"), "--name", "test",
-                             "--listen-client-urls", f"http://127.0.0.1:{client}",
-                             "--advertise-client-urls", f"http://127.0.0.1:{client}",
-                             "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-                             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-                             "--initial-cluster", f"test=http://127.0.0.1:{peer}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"127.0.0.1:{client}"
+    peer = free_port()
+    server = EtcdServer("test", str(tmp_path / "etcd"), free_port(), peer, f"test=http://127.0.0.1:{peer}")
     try:
-        from litz.membership.etcdkv import EtcdKV
-
-        deadline = time.time() + 20
-        while True:
-            try:
-                EtcdKV(endpoint, timeout=1.0).close()
-                break
-            except Exception:
-                if time.time() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(0.2)
-        yield EtcdServer(endpoint, proc)
+        server.start()
+        server.wait_ready()
+        yield server
     finally:
-        proc.kill()
-        proc.wait()
+        server.kill()
+
+
+@pytest.fixture
+def etcd_cluster(tmp_path):
+    """Three etcd members forming one cluster on loopback ports, all killed after the test."""
+    ports = [(free_port(), free_port()) for _ in range(3)]
+    cluster = ",".join(f"e{i}=http://127.0.0.1:{peer}" for i, (_, peer) in enumerate(ports))
+    members = [EtcdServer(f"e{i}", str(tmp_path / f"etcd{i}"), client, peer, cluster)
+               for i, (client, peer) in enumerate(ports)]
+    try:
+        for m in members:
+            m.start()
+        for m in members:
+            m.wait_ready(30)
+        yield members
+    finally:
+        for m in members:
+            m.kill()

@@ -69,19 +69,20 @@ def test_cluster_job_with_joins_drains_and_bad_peers(etcd, tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_etcd_lost_mid_run_ends_the_job_clearly(etcd):
-    e, name = etcd.endpoint, "cluster-etcd-dies"
+def test_etcd_lost_for_longer_than_etcd_timeout_ends_the_job_clearly(etcd):
+    e, name, patience = etcd.endpoint, "cluster-etcd-dies", ("--etcd-timeout", "4")
     with Processes() as procs:
-        master = procs.start(master_args(e, name, "--min-workers", "1"))
-        worker = procs.start(role("worker", e, name))
-        server = procs.start(role("server", e, name))
+        master = procs.start(master_args(e, name, "--min-workers", "1", *patience))
+        worker = procs.start(role("worker", e, name, *patience))
+        server = procs.start(role("server", e, name, *patience))
         wait_for(lambda: (s := status(name, e)) and s["tasks_completed"] > 0, 30, "the job running")
         etcd.proc.kill()
         etcd.proc.wait()
         _, stderr = master.communicate(timeout=60)
         assert master.returncode == 2, stderr
         last = stderr.strip().splitlines()[-1]
-        assert last.startswith("litz: error: etcd at") and "unreachable" in last, stderr
+        assert last.startswith("litz: error: etcd at") and "unreachable since" in last, stderr
+        assert "gave up (--etcd-timeout)" in last, stderr
         for proc in (worker, server):  # they end on their own: told to stop, or they lose the registry
             proc.wait(timeout=30)
 

@@ -12,7 +12,7 @@ import pytest
 from litz import cache, server, ssp
 from litz.sim import run_schedule
 from litz.sim.__main__ import main
-from litz.sim.schedule import EVENTS, plan
+from litz.sim.schedule import EVENTS, EVENTS_BEFORE_REGISTRY, plan
 from tests.helpers import ROOT
 
 
@@ -114,6 +114,34 @@ def test_ssp_schedules_interleave_tasks_of_one_executor_and_pass(monkeypatch):
     assert max(most.values()) > 1  # tasks of one executor did interleave
 
 
+def test_a_planted_member_loss_on_an_unsettled_registry_is_caught(monkeypatch):
+    """A master that takes a member missing from a registry just back from an empty data directory for lost
+    (no grace for members to register again, R3) recovers, or fails, without any process having died."""
+    from litz.membership.membership import Membership
+
+    monkeypatch.setattr(Membership, "settled_for", lambda self: 1e9)
+    found = [v for s in (30, 33, 60) for v in run_schedule(s, ("registry", "scale")).violations]
+    assert any(v.startswith(("recovery without a kill", "job failed")) for v in found), found
+    monkeypatch.undo()
+    assert not [v for s in (30, 33, 60) for v in run_schedule(s, ("registry", "scale")).violations]
+
+
+def test_a_planted_drop_of_messages_the_registry_cannot_address_is_caught(monkeypatch):
+    """Dropping a message because the registry is down (instead of holding it, R1) hangs the job."""
+    from litz import process
+
+    def dropping(self, peer, msg, pickler=None):
+        try:
+            self.reach(peer)
+        except Exception:
+            return 0
+        return self.endpoint.send(peer, (self.epoch, msg), pickler)
+
+    monkeypatch.setattr(process.Process, "send", dropping)
+    found = [v for s in (3, 22) for v in run_schedule(s, ("registry", "scale")).violations]
+    assert any(v.startswith("hang:") for v in found), found
+
+
 def test_the_command_reports_each_failing_seed_and_exits_nonzero(monkeypatch, capsys):
     monkeypatch.setattr(server.Server, "update", lambda self, shard, key, delta: None)  # every update lost
     assert main(["--seeds", "2", "--seed", "5", "--events", "scale"]) == 1
@@ -133,7 +161,7 @@ def test_unknown_event_kind_is_a_one_line_error(capsys):
 # Schedules that found a bug, each failing before its fix (docs/design.md names the invariant): the seed
 # picks the plan and the interleaving, so a change to either makes a replay exercise something else; the unit
 # replays in test_cache.py and test_elasticity.py pin the same bugs down by construction. They were found before
-# the plan drew SSP jobs: each replays its plan as it was then (staleness None).
+# the plan drew SSP jobs and registry outages: each replays its plan as it was then.
 REPLAYS = {
     2182: "I2: a get answered before a forwarded update reached the new owner stayed live (stale read)",
     10896: "I3: an old owner's late ack was added into a value fetched from the new owner (double count)",
@@ -150,7 +178,8 @@ REPLAYS = {
 
 @pytest.mark.parametrize("seed", sorted(REPLAYS))
 def test_schedules_that_found_a_bug_pass(seed):
-    o = run_schedule(seed, EVENTS, dataclasses.replace(plan(seed, EVENTS), staleness=None))
+    job = dataclasses.replace(plan(seed, EVENTS_BEFORE_REGISTRY), staleness=None)
+    o = run_schedule(seed, EVENTS_BEFORE_REGISTRY, job)
     assert o.violations == [], REPLAYS[seed]
     assert o.tasks > 0
 
@@ -165,6 +194,6 @@ def test_a_thousand_schedules_pass():
     summary = lines[-1]
     assert summary.startswith("litz.sim: 1000 schedules") and "; 0 with violations" in summary
     counts = {kind: int(n) for kind, n in re.findall(r"(\w+) (\d+)[,;)( ]", summary.split("events: ", 1)[1])}
-    for kind in ("scale", "drain", "kill", "checkpoint", "memory", "recovery", "evict"):
+    for kind in ("scale", "drain", "kill", "checkpoint", "memory", "registry", "recovery", "evict"):
         assert counts[kind] > 20, summary
     assert counts["partial_recovery"] > 0, summary

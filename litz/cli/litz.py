@@ -7,7 +7,7 @@ import os
 import sys
 
 from ..outofcore import parse_bytes
-from .common import Parser, main_guard, parse_config
+from .common import Parser, add_etcd_options, etcd_options, main_guard, parse_config
 
 DESCRIPTION = """Litz runs elastic machine-learning jobs: a driver dispatches micro-tasks to executors that
 read and update a sharded parameter server; the runtime maps executors onto worker processes and shards
@@ -55,7 +55,7 @@ def _job_options(p: argparse.ArgumentParser) -> None:
 
 def _role_options(p: argparse.ArgumentParser, local_home: bool = False) -> None:
     p.add_argument("--name", required=True, help="the job's name")
-    p.add_argument("--etcd", metavar="HOST:PORT", help="etcd endpoint of the cluster's registry")
+    add_etcd_options(p, "etcd of the cluster's registry")
     p.add_argument("--secret-file", help="file holding the job secret (default: from the registry)")
     p.add_argument("--host", default="127.0.0.1", help="address other processes reach this one at")
     p.add_argument("--bind", help="address to bind (default: --host)")
@@ -72,8 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--servers", type=_positive, default=1, help="server processes (default 1)")
     run.add_argument("--name", help="job name for litzctl (default: APP-PID-TIME)")
     run.add_argument("--server-memory-limit", metavar="BYTES", help="memory budget per server for its shards")
-    run.add_argument("--etcd", metavar="HOST:PORT", help="register every process in this etcd (default: a local "
-                     "registry directory, $LITZ_HOME or ~/.litz)")
+    add_etcd_options(run, "register every process in this etcd (default: a local registry directory, "
+                     "$LITZ_HOME or ~/.litz)")
     master = sub.add_parser("master", help="cluster mode: the job's master",
                             description="Start job NAME's master: workers and servers join it through etcd.")
     _job_options(master)
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.name:
                 opts["name"] = args.name
             if args.etcd:
-                opts["etcd"] = args.etcd
+                opts["etcd"] = etcd_options(args)
             if args.server_memory_limit:
                 opts["server_memory_limit"] = parse_bytes(args.server_memory_limit)
             result = litz.run(args.app, workers=args.workers, servers=args.servers,
@@ -126,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "master":
             from ..cluster import run_master
 
-            result = run_master(args.app, args.name, etcd=args.etcd, home=args.home, secret_file=args.secret_file,
+            result = run_master(args.app, args.name, etcd=etcd_options(args), home=args.home,
+                                secret_file=args.secret_file,
                                 host=args.host, bind_host=args.bind, port=args.port, executors=args.executors,
                                 config=parse_config(args.config), shards=args.shards or 0, output=args.output,
                                 metrics=args.metrics, progress=not args.no_progress, min_workers=args.min_workers,
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from ..roles import serve
 
-        serve(args.command, args.name, etcd=args.etcd, home=args.home, secret_file=args.secret_file,
+        serve(args.command, args.name, etcd=etcd_options(args), home=args.home, secret_file=args.secret_file,
               host=args.host, bind_host=args.bind, ident=args.id, start_timeout=args.start_timeout, port=args.port,
               memory_limit=parse_bytes(args.memory_limit) if getattr(args, "memory_limit", None) else None)
         return 0

@@ -10,7 +10,7 @@ import time
 from ..errors import LitzError
 from ..membership import Membership, connect_kv
 from ..roles import job_secret
-from .common import Parser, main_guard
+from .common import ETCD_ARGS, Parser, add_etcd_options, etcd_options, main_guard
 
 DESCRIPTION = """Look at and steer a running Litz job. Local jobs (litz run) are found in the registry
 directory ($LITZ_HOME, default ~/.litz); cluster jobs through --etcd. Every command but list and status is signed
@@ -19,11 +19,12 @@ publishes it unless it was started with --secret-file."""
 
 REQUEST_TIMEOUT_S = 30.0
 SECRET_WAIT_S = 1.0  # a master publishes the secret just after it registers; one that keeps it private never does
+LITZCTL_ETCD_TIMEOUT_S = 10.0  # a person waits at the prompt: say "unreachable since ..." soon
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="litzctl", description=DESCRIPTION)
-    p.add_argument("--etcd", metavar="HOST:PORT", help="etcd of a cluster job (default: local registry)")
+    add_etcd_options(p, "etcd of a cluster job (default: the local registry)")
     p.add_argument("--name", help="the job's name (see `litzctl list`)")
     p.add_argument("--secret-file", help="file holding the job secret, for a job started with --secret-file "
                    "(default: $LITZ_SECRET, else the secret the master published in the registry)")
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     def body() -> int:
-        kv = connect_kv(args.etcd)
+        kv = connect_kv(etcd_options(args, default_timeout=LITZCTL_ETCD_TIMEOUT_S))
         if args.command == "list":
             jobs = sorted({k.split("/")[2] for k in kv.get_prefix("litz/jobs/") if k.endswith("/master")})
             print("\n".join(jobs) if jobs else "no running jobs")
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(st, indent=1) if args.json else format_status(st))
             return 0
         secret = job_secret(job, args.secret_file, wait_s=SECRET_WAIT_S)
-        request = {k: v for k, v in vars(args).items() if k not in ("etcd", "name", "command", "secret_file")}
+        request = {k: v for k, v in vars(args).items() if k not in ("name", "command", "secret_file", *ETCD_ARGS)}
         t0 = time.time()
         rid = job.post_request(args.command, request, secret)
         wake(master)

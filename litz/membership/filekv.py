@@ -132,5 +132,8 @@ class FileKV:
     def lease(self, ttl: float) -> FileLease:
         return FileLease(self, ttl)
 
+    def fail_fast_while_down(self, on: bool = True) -> None:
+        """Never unreachable: nothing to change."""
+
     def close(self) -> None:
         pass

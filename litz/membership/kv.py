@@ -34,4 +34,8 @@ class KV(Protocol):
 
     def lease(self, ttl: float) -> Lease: ...
 
+    def fail_fast_while_down(self, on: bool = True) -> None:
+        """Calls made while the registry is known to be unreachable raise at once from now on (a registry that
+        cannot be unreachable does nothing)."""
+
     def close(self) -> None: ...

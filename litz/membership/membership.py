@@ -13,23 +13,28 @@ Layout under ``litz/jobs/<name>/``::
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from typing import Any
 
 from .. import clock
 from ..control import sign_request
-from ..errors import LitzError
+from ..errors import LitzError, RegistryUnavailable
 from .kv import KV, Lease
 
 DEFAULT_TTL = 3.0
+# After an outage or a reset of the registry, how long the master waits before a missing member key counts as
+# a loss: every member's keeper (period ttl / 4) has found and rewritten its registration by then (R3).
+REREGISTER_GRACE_S = 2 * DEFAULT_TTL
 
 
 def litz_home() -> str:
     return os.environ.get("LITZ_HOME") or os.path.join(os.path.expanduser("~"), ".litz")
 
 
-def connect_kv(etcd: str | None = None, home: str | None = None) -> KV:
-    """The registry a job lives in: etcd when ``etcd`` is given, else the local directory registry."""
+def connect_kv(etcd: Any = None, home: str | None = None) -> KV:
+    """The registry a job lives in: etcd when ``etcd`` is given ('HOST:PORT[,...]' or an
+    :class:`~.etcdkv.EtcdOptions`), else the local directory registry."""
     if etcd:
         from .etcdkv import EtcdKV  # imported lazily: local jobs need no etcd client
 
@@ -50,14 +55,20 @@ class Membership:
         self._lease: Lease | None = None
         self._keeper: threading.Thread | None = None
         self._stop = threading.Event()
-        self.lost = threading.Event()  # set if our own lease lapsed (we are considered dead)
+        self.lost = threading.Event()  # set once we are out of the job: evicted, or another master took it
         self._registered: str | None = None  # our member id, once registered
+        self._owned: dict[str, tuple[Any, bool]] = {}  # key -> (value, leased): rewritten after a lapse (R2)
+        self._settled_since: float | None = None  # since when our lease has held without a break (R3)
+        self._evictions: set[str] = set()  # eviction markers not yet written (the registry was down)
+        self.reregistrations = 0
 
     # -- own registration ----------------------------------------------------------------------------
     def _start_keepalive(self) -> Lease:
         if self._lease is None:
             self._lease = self.kv.lease(self.ttl)
-            if getattr(self._lease, "renews_itself", False):  # a simulated registry keeps it while we live
+            self._settled_since = clock.time()
+            self.kv.fail_fast_while_down()  # the keeper probes the registry from now on (R1)
+            if getattr(self._lease, "renews_itself", False):  # litz.sim keeps it, and calls tend() itself
                 return self._lease
             self._keeper = threading.Thread(target=self._keepalive, name="litz-lease", daemon=True)
             self._keeper.start()
@@ -66,11 +77,72 @@ class Membership:
     def _keepalive(self) -> None:
         while not self._stop.wait(self.ttl / 4):
             try:
-                if not self._lease.refresh():
-                    self.lost.set()
-                    return
-            except Exception:  # registry unreachable: keep trying until the lease would lapse
-                continue
+                self.tend()
+            except Exception:  # registry unreachable (or failing oddly): try again next period
+                self._settled_since = None
+
+    def tend(self) -> None:
+        """One keeper step: refresh our lease; if the registry no longer knows it, take a new one and write our
+        keys again, unless we were evicted (R2); write eviction markers the master could not write before."""
+        lease = self._lease
+        if lease is None or self.lost.is_set():
+            return
+        try:
+            alive = lease.refresh()
+        except LitzError:  # unreachable: whatever the registry says when it is back is not settled yet (R3)
+            self._settled_since = None
+            raise
+        if alive:
+            if self._settled_since is None:
+                self._settled_since = clock.time()
+            self._write_evictions()
+            return
+        self._settled_since = None
+        if self._registered is not None and self._marked_evicted(self._registered):
+            self.lost.set()
+            return
+        fresh = self.kv.lease(self.ttl)
+        for key, (value, leased) in list(self._owned.items()):
+            if key == self.prefix + "master":
+                if not self.kv.create(key, value, fresh):
+                    other = self.kv.get(key) or {}
+                    if other.get("pid") != self.pid or other.get("host") != value.get("host"):
+                        self.lost.set()  # another master holds the job now: this one is out
+                        return
+                    self.kv.put(key, value, fresh)
+            else:
+                self.kv.put(key, value, fresh if leased else None)
+        self._lease = fresh
+        self.reregistrations += 1
+        self._settled_since = clock.time()
+
+    def settled_for(self) -> float:
+        """Seconds our registration has held in a reachable registry without a break (0 if it does not now).
+        Reads our own key: a registry that lost it between two keeper steps is not settled (R3)."""
+        since = self._settled_since
+        if since is None:
+            return 0.0
+        mine = next(iter(self._owned.items()), None)  # the master's key, or a member's own, written first
+        if mine is not None and mine[1][1] and self.kv.get(mine[0]) is None:
+            self._settled_since = None
+            return 0.0
+        return clock.time() - since
+
+    def registry_down_since(self) -> float | None:
+        """When the registry stopped answering (None while it answers)."""
+        return getattr(self.kv, "down_since", None)
+
+    def registry_outages(self) -> list[tuple[float, float]]:
+        """Every (since, until) the registry did not answer this process, oldest first."""
+        return list(getattr(self.kv, "outages", ()))
+
+    @property
+    def give_up_after(self) -> float:
+        """How long a process rides through a registry it cannot reach (--etcd-timeout)."""
+        return getattr(self.kv, "give_up_after", float("inf"))
+
+    def _own(self, key: str, value: Any, leased: bool) -> None:
+        self._owned[key] = (value, leased)
 
     def register_master(self, info: dict) -> None:
         lease = self._start_keepalive()
@@ -79,6 +151,7 @@ class Membership:
             other = self.kv.get(self.prefix + "master") or {}
             raise LitzError(f"job {self.job!r} already has a master (pid {other.get('pid')} on "
                             f"{other.get('host')})")
+        self._own(self.prefix + "master", info, True)
 
     def allocate_id(self, role: str) -> str:
         letter = {"worker": "w", "server": "s"}[role]
@@ -88,24 +161,54 @@ class Membership:
             n += 1
         return f"{letter}{n}"
 
+    def claim_id(self, ident: str) -> None:
+        """Take ``ident`` as given (a restarted pod keeps its id): an eviction marker of the process that had
+        it before is about that process, not this one (R2)."""
+        self.kv.put(f"{self.prefix}ids/{ident}", clock.time())
+        self.kv.delete(f"{self.prefix}evicted/{ident}")
+
+    def note_ids(self, idents: list[str]) -> None:
+        """The master keeps every id it has seen in the registry, so a reset registry reuses none (R2)."""
+        for ident in idents:
+            key = f"{self.prefix}ids/{ident}"
+            if key not in self._owned:
+                self._own(key, clock.time(), False)
+
     def register(self, role: str, ident: str, info: dict) -> None:
         lease = self._start_keepalive()
         info = {**info, "role": role, "id": ident, "pid": self.pid, "host": os.uname().nodename}
         self.kv.put(self.prefix + "members/" + ident, info, lease)
+        self._own(self.prefix + "members/" + ident, info, True)
+        self._own(f"{self.prefix}ids/{ident}", clock.time(), False)
         self._registered = ident
 
     def evict(self, ident: str) -> None:
-        """Take a member the master found dead out of the registry: should it be alive after all (cut off,
-        not dead), it sees :meth:`evicted` and stops, so no process works on after the job gave up on it."""
-        self.kv.delete(self.prefix + "members/" + ident)
+        """Take a member the master found dead out of the job: should it be alive after all (cut off, not dead),
+        it finds its marker and stops, so no process works on after the job gave up on it (R2). Written later
+        if the registry is down now."""
+        self._evictions.add(ident)
+        try:
+            self._write_evictions()
+        except RegistryUnavailable:
+            pass
+
+    def _write_evictions(self) -> None:
+        for ident in sorted(self._evictions):
+            self.kv.put(f"{self.prefix}evicted/{ident}", clock.time())
+            self.kv.delete(self.prefix + "members/" + ident)
+            self._evictions.discard(ident)
+
+    def _marked_evicted(self, ident: str) -> bool:
+        return self.kv.get(f"{self.prefix}evicted/{ident}") is not None
 
     def evicted(self) -> bool:
-        """Whether our own registration was taken away (see :meth:`evict`) or lapsed."""
+        """Whether the master took us out of the job (see :meth:`evict`), or another master took the job."""
         ident = self._registered
-        return self.lost.is_set() or (ident is not None and self.member(ident) is None)
+        return self.lost.is_set() or (ident is not None and self._marked_evicted(ident))
 
     def unregister(self) -> None:
         self._registered = None
+        self._owned.clear()
         self._stop.set()
         if self._lease is not None:
             try:
@@ -136,15 +239,25 @@ class Membership:
             clock.sleep(0.1)
 
     # -- job-level values ----------------------------------------------------------------------------
-    def put(self, name: str, value: Any, leased: bool = False) -> None:
+    def put(self, name: str, value: Any, leased: bool = False, keep: bool = False) -> None:
+        """``keep``: part of this process's registration, written again after a registry reset (R2)."""
+        if keep:
+            self._own(self.prefix + name, value, leased)
         self.kv.put(self.prefix + name, value, self._lease if leased else None)
 
     def get(self, name: str) -> Any | None:
         return self.kv.get(self.prefix + name)
 
     def clear(self) -> None:
-        """Remove everything the job left in the registry (at the end of a job)."""
-        self.kv.delete_prefix(self.prefix)
+        """Remove everything the job left in the registry (at the end of a job, finished, stopped or failed):
+        waits for an unreachable registry up to --etcd-timeout, as nothing else waits on this process now, and
+        says in one line what is left if it still cannot."""
+        self.kv.fail_fast_while_down(False)
+        try:
+            self.kv.delete_prefix(self.prefix)
+        except LitzError as exc:
+            sys.stderr.write(f"litz: warning: could not remove job {self.job!r} from the registry ({exc}); "
+                             f"remove it with `etcdctl del --prefix {self.prefix}`\n")
 
     # -- requests from litzctl -----------------------------------------------------------------------
     def post_request(self, command: str, args: dict, secret: str, rid: str | None = None) -> str:

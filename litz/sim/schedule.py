@@ -14,12 +14,14 @@ from typing import Any
 from .. import clock, outofcore, process
 from ..appload import App, load_app
 from ..endpoint import register_carrier
+from ..errors import LitzError
 from ..joblog import JobLog
 from ..membership import Membership
 from . import checks
 from .world import InlinePool, SimEndpoint, SimKV, SimProcess, World
 
-EVENTS = ("scale", "drain", "kill", "checkpoint", "memory")
+EVENTS = ("scale", "drain", "kill", "checkpoint", "memory", "registry")
+EVENTS_BEFORE_REGISTRY = EVENTS[:5]  # the kinds the plans of the recorded bug replays were drawn from
 OUTCOMES = ("recovery", "partial_recovery", "evict")  # what the events led to, counted from the job's events
 JOB = "sim"
 SECRET = "sim"  # the job secret of every simulated process (sim:// carries no keys; requests are signed with it)
@@ -85,6 +87,8 @@ def plan(seed: int, allowed: tuple[str, ...]) -> Plan:
             arg = rng.choice(["worker", "server"])
         elif kind == "memory":
             arg = rng.choice([700, 1500, 4000, 1 << 20])
+        elif kind == "registry":  # an etcd outage of this many seconds; True: it comes back empty
+            arg = (rng.choice([0.3, 2.0, 8.0, 25.0]), rng.random() < 0.4)
         else:
             arg = None
         p.events.append((t, kind, arg))
@@ -124,6 +128,7 @@ class Schedule:
         self.members[ident] = member
         self.member_procs[ident] = proc
         membership.register(role, ident, {"address": member.endpoint.address})
+        self._keep(membership, proc)
         try:
             member.run(60)
         finally:
@@ -144,6 +149,7 @@ class Schedule:
                         listen="sim://master", wake=False)
         self.master = master
         master.register()
+        self._keep(membership, proc)
         try:
             for role, count in (("server", p.servers), ("worker", p.workers)):
                 for _ in range(count):
@@ -154,6 +160,27 @@ class Schedule:
             membership.unregister()
             membership.clear()
             master.close()
+
+    def _keep(self, membership: Membership, proc: SimProcess) -> None:
+        """The lease keeper (a thread in a real process): in schedules with registry outages only, so that the
+        interleavings of every other schedule stay as they were."""
+        if not any(kind == "registry" for _, kind, _ in self.plan.events):
+            return
+        world = self.world
+
+        def step() -> None:
+            if proc.exited or proc.killed or membership._stop.is_set():
+                return
+            saved, world.current = world.current, proc
+            try:
+                membership.tend()
+            except LitzError:
+                pass  # unreachable: try again next period, as the thread does
+            finally:
+                world.current = saved
+            world.at(world.now + membership.ttl / 4, step)
+
+        world.at(world.now + membership.ttl / 4, step)
 
     # -- events --------------------------------------------------------------------------------------
     def _request(self, command: str, args: dict) -> None:
@@ -171,6 +198,8 @@ class Schedule:
         m = self.master
         if m is None or not m.started or m.finished:
             return
+        if self.kv.down_since is not None and kind != "kill":
+            return  # litzctl cannot reach the registry either
         rng = self.world.rng
         if kind == "scale":
             self._request("scale", {arg[0]: arg[1]})
@@ -193,6 +222,12 @@ class Schedule:
             self._request("checkpoint", {})
         elif kind == "memory":
             self._request("memory-limit", {"bytes": arg})
+        elif kind == "registry":
+            if self.kv.down_since is not None:
+                return
+            seconds, empty = arg
+            self.kv.go_down()
+            self.world.at(self.world.now + seconds, lambda: self.kv.come_back(empty))
         self.events[kind] += 1
 
     # -- the run -------------------------------------------------------------------------------------
@@ -240,6 +275,10 @@ class Schedule:
             for e in self.master.joblog.events:
                 if e["kind"] in OUTCOMES:
                     self.events[e["kind"]] += 1
+            if not self.events["kill"] and (self.events["recovery"] or self.events["partial_recovery"]):
+                # only a kill loses a process here: an outage, a reset or a move must cost no member (R1-R3)
+                why = [e.get("noticed") for e in self.master.joblog.events if e["kind"] == "recovery"]
+                violations.append(f"recovery without a kill: {why}")
         return Outcome(self.seed, violations, self.events, world.now,
                        self.master.tasks_completed if self.master else 0, world.messages, log.getvalue())
 

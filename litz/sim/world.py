@@ -330,18 +330,21 @@ class SimEndpoint(Endpoint):
 
 # -- the registry ------------------------------------------------------------------------------------
 class SimLease:
-    renews_itself = True
+    renews_itself = True  # kept while its owner lives; a schedule with registry events runs keepers too
 
     def __init__(self, kv: SimKV, ttl: float):
         self.kv, self.ttl = kv, ttl
         self.expires: float | None = None  # None: its owner lives and keeps it
         self.keys: set[str] = set()
         self.owner = kv.world.current
+        self.gone = False  # the registry was reset: it no longer knows this lease
 
     def refresh(self) -> bool:
-        return self.expires is None or self.expires > self.kv.world.now
+        self.kv.check(probe=True)
+        return not self.gone and (self.expires is None or self.expires > self.kv.world.now)
 
     def revoke(self) -> None:
+        self.kv.check()
         self.expires = self.kv.world.now
         self.kv.expire()
 
@@ -349,11 +352,46 @@ class SimLease:
 class SimKV:
     """The registry (etcd's model as :class:`litz.membership.kv.KV` uses it) on simulated time."""
 
+    GIVE_UP_S = 300.0  # --etcd-timeout
+
     def __init__(self, world: World):
         self.world = world
         self.data: dict[str, str] = {}
         self.leases: list[SimLease] = []
         self.key_lease: dict[str, SimLease] = {}
+        self.down_since: float | None = None  # an outage: every call fails, or waits, until it ends
+        self.outages: list[tuple[float, float]] = []
+        self.give_up_after = self.GIVE_UP_S
+        self.fail_fast: set[int] = set()  # pids whose calls fail at once while it is down (they have a keeper)
+
+    def go_down(self) -> None:
+        if self.down_since is None:
+            self.down_since = self.world.clock.time()  # wall-clock time, as etcd clients count it
+
+    def come_back(self, empty: bool) -> None:
+        """The outage ends; ``empty``: etcd restarted from an empty data directory (every key and lease gone)."""
+        if empty:
+            for lease in self.leases:
+                lease.gone = True
+            self.leases.clear()
+            self.key_lease.clear()
+            self.data.clear()
+        if self.down_since is not None:
+            self.outages.append((self.down_since, self.world.clock.time()))
+            self.down_since = None
+
+    def check(self, probe: bool = False) -> None:
+        """Calls while it is down: fail at once for a process with a keeper (and a keeper's probe), else wait,
+        as :class:`~litz.membership.etcdkv.EtcdKV` does, up to ``give_up_after``."""
+        from ..errors import LitzError, RegistryUnavailable
+
+        while self.down_since is not None:
+            proc = self.world.current
+            if probe or proc is None or proc.pid in self.fail_fast:
+                raise RegistryUnavailable("sim", self.down_since)
+            if self.world.clock.time() - self.down_since > self.give_up_after:
+                raise LitzError(f"{RegistryUnavailable('sim', self.down_since)}; gave up (--etcd-timeout)")
+            self.world.block(0.1)
 
     def expire(self) -> None:
         now = self.world.now
@@ -368,6 +406,7 @@ class SimKV:
                     self.data.pop(key, None)
 
     def put(self, key: str, value: Any, lease: SimLease | None = None) -> None:
+        self.check()
         self.expire()
         self.data[key] = json.dumps(value)
         old = self.key_lease.pop(key, None)
@@ -378,6 +417,7 @@ class SimKV:
             self.key_lease[key] = lease
 
     def create(self, key: str, value: Any, lease: SimLease | None = None) -> bool:
+        self.check()
         self.expire()
         if key in self.data:
             return False
@@ -385,28 +425,38 @@ class SimKV:
         return True
 
     def get(self, key: str) -> Any | None:
+        self.check()
         self.expire()
         raw = self.data.get(key)
         return None if raw is None else json.loads(raw)
 
     def get_prefix(self, prefix: str) -> dict[str, Any]:
+        self.check()
         self.expire()
         return {k: json.loads(v) for k, v in sorted(self.data.items()) if k.startswith(prefix)}
 
     def delete(self, key: str) -> None:
+        self.check()
         self.data.pop(key, None)
         lease = self.key_lease.pop(key, None)
         if lease is not None:
             lease.keys.discard(key)
 
     def delete_prefix(self, prefix: str) -> None:
+        self.check()
         for key in [k for k in self.data if k.startswith(prefix)]:
             self.delete(key)
 
     def lease(self, ttl: float) -> SimLease:
+        self.check()
         lease = SimLease(self, ttl)
         self.leases.append(lease)
         return lease
+
+    def fail_fast_while_down(self, on: bool = True) -> None:
+        proc = self.world.current
+        if proc is not None:
+            (self.fail_fast.add if on else self.fail_fast.discard)(proc.pid)
 
     def close(self) -> None:
         pass
