@@ -315,4 +315,5 @@ class Server(Process):
                 self.send(dest, (P.FENCE, -1))
             self.send("master", (P.RETIRED, fenced))
             self.retire_waiting = None
-            self.leaving = True  # once nothing waits for the registry to name its peer (R1)
+            self.leaving = True  # exits once nothing waits for the registry to name its peer (R1)
+            self.running = bool(self._held)

@@ -5,9 +5,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from litz import clock
 from litz.errors import LitzError
 from litz.master import Master, Member
-from litz.process import Process
+from litz.process import MASTER_GONE_GRACE_S, Process
 
 
 class Launcher:
@@ -42,6 +43,13 @@ class Registry:
     def evict(self, ident: str) -> None:
         self.evicted.append(ident)
         self.alive.discard(ident)
+
+    def settled_for(self) -> float:
+        return 3600.0  # the registry has held the master's registration all along
+
+    @property
+    def give_up_after(self) -> float:
+        return 300.0
 
 
 def master_with(launcher: Launcher, alive: set[str]) -> SimpleNamespace:
@@ -121,17 +129,48 @@ def test_a_member_gone_without_retiring_after_retire_was_sent_is_lost(monkeypatc
     assert m.retired == []
 
 
+def bare_process(member, settled: float = 3600.0) -> tuple[Process, list]:
+    sent: list = []
+    proc = Process.__new__(Process)
+    proc.ident, proc.epoch, proc._held = "s2", 0, {}
+    proc.membership = SimpleNamespace(member=member, master=lambda: {"address": "tcp://m:1"},
+                                      settled_for=lambda: settled)
+    proc.endpoint = SimpleNamespace(knows=lambda peer: False, connect=lambda peer, address: None,
+                                    send=lambda peer, msg, p=None: sent.append((peer, msg)) or 9)
+    return proc, sent
+
+
 def test_a_message_to_a_peer_gone_from_the_registry_is_dropped():
     """A server forwarding to a server that was just killed (gone from the registry) must not die of it: the
     master recovers from that loss (docs/design.md, M4; found by python -m litz.sim, seed 57788)."""
-    sent = []
-    proc = Process.__new__(Process)
-    proc.ident, proc.epoch = "s2", 0
-    proc.membership = SimpleNamespace(member=lambda ident: None, master=lambda: {"address": "tcp://m:1"})
-    proc.endpoint = SimpleNamespace(knows=lambda peer: False, send=lambda peer, msg, p=None: sent.append(peer) or 9,
-                                    connect=lambda peer, address: None)
-    assert proc.send("s1", ("fwd_gets", "w0", [])) == 0 and sent == []
-    assert proc.send("master", ("stats", {})) == 9 and sent == ["master"]
+    proc, sent = bare_process(lambda ident: None)
+    assert proc.send("s1", ("fwd_gets", "w0", [])) == 0 and sent == [] and proc._held == {}
+    assert proc.send("master", ("stats", {})) == 9 and [p for p, _ in sent] == ["master"]
+
+
+def test_a_message_the_registry_cannot_address_yet_waits_in_order():
+    """Unknown is not absent (R1): while the registry is down, or just back empty and the peer has not written
+    its key again (R3), messages to a peer never reached before wait, in order, and go once it is named."""
+    from litz.errors import RegistryUnavailable
+
+    registry = {"down": True}
+
+    def member(ident):
+        if registry["down"]:
+            raise RegistryUnavailable("e:1", 0.0)
+        return {"address": "tcp://s1:1"}
+
+    proc, sent = bare_process(member)
+    assert proc.send("s1", ("gets", 1)) == 0 and proc.send("s1", ("gets", 2)) == 0 and sent == []
+    proc.send_held()
+    assert sent == []  # still down
+    registry["down"] = False
+    assert proc.send("s1", ("gets", 3)) == 0  # behind the held ones, not before them
+    proc.send_held()
+    assert [msg for _, (_, msg) in sent] == [("gets", 1), ("gets", 2), ("gets", 3)] and proc._held == {}
+
+    proc, sent = bare_process(lambda ident: None, settled=1.0)  # missing from a registry that just came back
+    assert proc.send("s1", ("gets", 1)) == 0 and "s1" in proc._held
 
 
 class OwnView:
@@ -147,14 +186,19 @@ class OwnView:
         return self._evicted
 
 
-def test_an_evicted_process_stops_with_an_error_but_not_when_the_job_ends():
-    me = SimpleNamespace(role="worker", ident="w3")
+def test_an_evicted_process_stops_with_an_error_but_not_when_the_job_ends(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(clock, "time", lambda: now[0])
+    me = SimpleNamespace(role="worker", ident="w3", _held={}, _master_missing_since=None)
+    me.master_gone = lambda: Process.master_gone(me)
     me.membership = OwnView([True], evicted=False)
     assert Process.job_goes_on(me)
-    me.membership = OwnView([False], evicted=True)  # the job ended: its registry is cleared
+    # the job ended (its registry is cleared): over once the master's key stays missing for the grace (R3)
+    me.membership = OwnView([False, False], evicted=False)
+    assert Process.job_goes_on(me)
+    now[0] += MASTER_GONE_GRACE_S
     assert not Process.job_goes_on(me)
-    me.membership = OwnView([True, False], evicted=True)  # it ended between the two reads
-    assert not Process.job_goes_on(me)
+    me._master_missing_since = None
     me.membership = OwnView([True, True], evicted=True)  # the master took it out while the job goes on
     with pytest.raises(LitzError, match="worker w3 was taken out of the job"):
         Process.job_goes_on(me)
