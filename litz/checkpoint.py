@@ -4,7 +4,8 @@ Layout of ``DIR/ckpt-000007/``: ``manifest.json`` (written last), ``driver.pkl``
 buffered tasks), ``executors/e00012.pkl`` (one per executor, without input data), ``shards/s00040.pkl``
 (one per logical shard). One file per executor and per shard lets a checkpoint be restored onto any
 number of workers and servers. A checkpoint is built in ``DIR/.ckpt-000007.tmp`` and renamed into place
-once every part is on disk, so a crash or a full disk while writing never damages an earlier one.
+once every part is on disk, so a crash or a full disk while writing never damages an earlier one. Parts are
+0600 in 0700 directories (:mod:`litz.private`): a checkpoint is the model and pickles that restoring runs.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import cloudpickle
 
 from . import clock
 from .errors import LitzError
+from .private import open_private, private_dir
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -48,8 +50,8 @@ def write_part(root: str, rel: str, obj: Any, sync: bool = True) -> dict:
     flush of the filesystem instead of an fsync per file (dozens of shards made checkpoints slow)."""
     data = cloudpickle.dumps(obj, protocol=5)
     path = os.path.join(root, rel)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
+    private_dir(os.path.dirname(path))
+    with open_private(path) as f:
         f.write(data)
         if sync:
             f.flush()
@@ -99,7 +101,7 @@ class CheckpointStore:
         self.root = os.path.abspath(root)
         self.keep = max(1, keep)
         try:
-            os.makedirs(self.root, exist_ok=True)
+            private_dir(self.root)  # one the user made beforehand keeps its mode; what goes in it is private
         except OSError as exc:
             raise LitzError(f"checkpoint directory {self.root} cannot be created: {exc.strerror}") from None
         if not os.access(self.root, os.W_OK):
@@ -125,15 +127,15 @@ class CheckpointStore:
         seq = (seqs[-1] + 1) if seqs else 1
         tmp = os.path.join(self.root, f".ckpt-{seq:06d}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
+        private_dir(tmp)  # renamed into place as it is
         return seq, tmp
 
     def commit(self, seq: int, tmp: str, manifest: dict) -> str:
         """Write the manifest and rename the checkpoint into place; prune old ones."""
         manifest = {**manifest, "format": FORMAT, "seq": seq, "run": self.run, "written": clock.time()}
         path = os.path.join(tmp, MANIFEST)
-        with open(path, "w") as f:
-            json.dump(manifest, f)
+        with open_private(path) as f:
+            f.write(json.dumps(manifest).encode())
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(tmp)

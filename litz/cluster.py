@@ -1,7 +1,7 @@
 """Cluster jobs: ``litz master`` on one machine, ``litz worker``/``litz server`` on any machines.
 
-The master publishes the job secret in the registry (or uses --secret-file, which every role then needs)
-so that joining processes can derive the job's CURVE keys.
+The master publishes the job secret in the registry (or uses --secret-file, which every role and litzctl then
+need) so that joining processes can derive the job's CURVE keys, and litzctl can sign its requests.
 """
 from __future__ import annotations
 
@@ -16,11 +16,10 @@ from .security import new_secret
 
 def run_master(app: Any, name: str, *, etcd: Any, home: str | None = None,
                secret_file: str | None = None, **job: Any) -> Any:
+    """Run a cluster job's master. Given a secret (--secret-file or $LITZ_SECRET), every role and litzctl need
+    it too and it stays out of the registry; else a new one is published there."""
     app = resolve_app(app)
     membership = Membership(connect_kv(etcd, home), name)
     if secret_file or os.environ.get("LITZ_SECRET"):  # every role has it already: keep it out of etcd
         return run_job(app, membership, job_secret(membership, secret_file), **job)
-    secret = new_secret()
-    # published only once this master has won the job's name, so a refused second master changes nothing
-    return run_job(app, membership, secret, on_registered=lambda: membership.put("secret", secret, keep=True),
-                   **job)
+    return run_job(app, membership, new_secret(), publish_secret=True, **job)

@@ -48,10 +48,15 @@ def run_job(app: App, membership: Membership, secret: str, *, config: dict | Non
             supervise: Callable[[], list[tuple[str, int, str]]] | None = None,
             spawn: Callable[[str], Any] | None = None,
             on_registered: Callable[[], None] | None = None, on_exit: Callable[[bool], None] | None = None,
+            publish_secret: bool = False,
             checkpoint_dir: str | None = None, checkpoint_every: float | None = None, checkpoint_keep: int = 3,
             resume: bool = False, partial_recovery: bool = False, priority_checkpoint: float | None = None,
             memory_limit: int | str | None = None, **endpoint: Any) -> Any:
-    """Run the job to ``finish()`` and return its result; every process is told to stop on every way out."""
+    """Run the job to ``finish()`` and return its result; every process is told to stop on every way out.
+
+    ``publish_secret``: put the job secret in the registry, where joining processes and litzctl (which signs
+    its requests with it, :mod:`litz.control`) find it; only once this master has won the job's name, so a
+    refused second master changes nothing."""
     joblog = JobLog(metrics, progress=progress)
     master = Master(app, membership, secret, config=dict(config or {}), num_executors=executors, num_shards=shards,
                     min_workers=min_workers, min_servers=min_servers, joblog=joblog, start_timeout=start_timeout,
@@ -68,6 +73,8 @@ def run_job(app: App, membership: Membership, secret: str, *, config: dict | Non
         master.close()
         raise  # refused (another master holds the name): leave that job's registry entries alone
     try:
+        if publish_secret:  # part of the master's registration: written again after a registry reset (R2)
+            membership.put("secret", secret, keep=True)
         if on_registered:
             on_registered()
         result = master.run()

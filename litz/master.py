@@ -24,6 +24,7 @@ from . import clock
 from . import protocol as P
 from .appload import App
 from .checkpoint import CheckpointStore
+from .control import Refusal, RequestVerifier
 from .endpoint import listen_host
 from .errors import LitzError, RegistryUnavailable, app_code, app_error
 from .guard import BadMessage
@@ -32,7 +33,7 @@ from .membership import Membership
 from .outofcore import parse_bytes
 from .placement import leaving_first, plan_moves
 from .process import Process, plausible_id
-from .recovery import CorruptCheckpoint, Recovery, warn
+from .recovery import CorruptCheckpoint, Recovery, RepeatedWarning, warn
 
 MEMBERSHIP_CHECK_S = 0.5
 LOSS_CHECK_S = 0.02  # local children's exits and dropped connections: seen at once, not at the next registry read
@@ -43,6 +44,7 @@ RETIRED_GRACE_S = 5.0
 WATCH_CONNECTIONS = os.environ.get("LITZ_CONNECTION_WATCH", "1") != "0"  # off: only leases and local children
 REQUESTS_CHECK_S = 0.05  # litzctl requests, when no wake-up datagram arrives (see open_wake_socket)
 STATUS_EVERY_S = 1.0
+REFUSED_WARNINGS = (10.0, 5)  # refused litzctl requests: at most 5 warnings every 10 s, the rest counted
 _ANY_EPOCH = (P.HELLO, P.READY)  # messages the master takes whatever epoch they were sent at
 HISTORY_SAMPLES = 3600  # an hour of once-a-second samples for litzctl plot
 MAX_FOREIGN_KEYS = 4096  # more keys written elsewhere since a worker's last dispatch: it drops every live entry
@@ -163,10 +165,15 @@ class Master(Process):
         self.resume = resume
         self.wake_host = listen_host(self.listen)
         self.wake = open_wake_socket(endpoint.get("bind_host") or self.wake_host) if wake else None
+        # litzctl signs each request for this master (litz.control): one captured under an earlier master of
+        # the job (before a --resume) is refused, although this one never saw its nonce
+        self.instance = os.urandom(8).hex()
+        self.verifier = RequestVerifier(secret, membership.job, self.instance)
+        self.refused = RepeatedWarning("refused a request", *REFUSED_WARNINGS)
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def register(self) -> None:
-        info = {"address": self.endpoint.address, "app": self.app.name,
+        info = {"address": self.endpoint.address, "app": self.app.name, "instance": self.instance,
                 # servers read this as they start, so they keep every key's first value from the first update
                 "running_checkpoint": self.recovery.priority is not None}
         if self.wake is not None:
@@ -232,6 +239,8 @@ class Master(Process):
                 self.publish_status()
             self.joblog.show(self.tasks_completed, self.rate(), len(self.workers), len(self.servers))
         self.state = "finished" if self.state == "running" else self.state
+        self.recovery.failures.settle()  # checkpoint failures and refused requests counted and not told yet
+        self.refused.settle()
         self.joblog.show(self.tasks_completed, self.rate(), len(self.workers), len(self.servers), force=True)
         self.joblog.end_progress(self.state)
         return self.result
@@ -954,8 +963,14 @@ class Master(Process):
                 self.send(fault[1], (P.DIE, fault[2]))
 
     def take_requests(self) -> None:
+        """Carry out litzctl's requests, each only if signed with the job secret, fresh and not seen before
+        (:mod:`litz.control`); anything else is refused with a warning and changes nothing."""
         for rid, req in self.membership.take_requests():
-            command, args = req.get("command"), req.get("args", {})
+            refusal = self.verifier.check(rid, req)
+            if refusal is not None:
+                self.refuse(rid, req, refusal)
+                continue
+            command, args = req["command"], req["args"]
             try:
                 if command == "stop":
                     self.joblog.event("stop", requested_by="litzctl")
@@ -994,6 +1009,15 @@ class Master(Process):
                 self.membership.respond(rid, {"ok": False, "message": str(exc)})
             except Exception as exc:  # a bad request must never take the job down
                 self.membership.respond(rid, {"ok": False, "message": f"{command}: {type(exc).__name__}: {exc}"})
+
+    def refuse(self, rid: str, req: Any, refusal: Refusal) -> None:
+        """Warn (rate-limited: a flood must not bury stderr) and answer a forgery only that it is one."""
+        command = req.get("command") if isinstance(req, dict) else None
+        what = f"{command[:40]!r} request" if isinstance(command, str) else "request"
+        self.refused.warn(f"refused a {what} (id {rid[:64]!r}) from the registry: {refusal.reason}; nothing was "
+                          "done", f"{what} {refusal.reason}")
+        if refusal.answer is not None:
+            self.membership.respond(rid, {"ok": False, "message": refusal.answer})
 
     def rate(self) -> float:
         now = clock.time()

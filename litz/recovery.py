@@ -13,6 +13,7 @@ starts it over. SCAR's partial recovery (lost servers only) changes no epoch and
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
 DRIVER_PART = "driver.pkl"
 REPLACEMENT_WAIT_S = 15.0
+CHECKPOINT_WARNING_EVERY_S = 60.0  # checkpoint failures after the first: counted, told at most this often
 
 
 class RestartRecovery(Exception):
@@ -41,6 +43,52 @@ class RestartRecovery(Exception):
 def warn(text: str) -> None:
     sys.stderr.write(f"litz: warning: {text}\n")
     sys.stderr.flush()
+
+
+class RepeatedWarning:
+    """A warning that can recur every second (checkpoints failing on a full disk, a flood of forged litzctl
+    requests) and would then bury everything else on stderr. At most ``burst`` lines every ``every`` seconds;
+    the rest are counted, and the count is told in one line when the period is over (at the next occurrence)
+    or in :meth:`settle`, when the condition has passed or the job ends."""
+
+    def __init__(self, what: str, every: float, burst: int = 1):
+        """``what``: the repeated thing, as the count line starts: "checkpoint failed" -> "checkpoint failed
+        7 more times in the last 60 s (latest: ...)"."""
+        self.what, self.every, self.burst = what, every, burst
+        self.since: float | None = None  # start of the period; None: nothing warned since the last settle
+        self.shown = 0  # lines written in this period
+        self.counted = 0  # occurrences not written, not yet told
+        self.latest = ""  # the detail of the latest of them
+
+    def warn(self, text: str, detail: str) -> None:
+        """``text``: the whole line, written if the rate allows; ``detail``: this occurrence in the count line."""
+        now = clock.time()
+        if self.since is not None and now - self.since >= self.every:
+            if self.counted:  # the period is over: this occurrence goes into its count line
+                self.counted += 1
+                self.latest = detail
+                self._tell(f"in the last {now - self.since:.0f} s")
+                self.since, self.shown = now, self.burst
+                return
+            self.since, self.shown = now, 0
+        if self.since is None:
+            self.since, self.shown = now, 0
+        if self.shown < self.burst:
+            warn(text)
+            self.shown += 1
+        else:
+            self.counted += 1
+            self.latest = detail
+
+    def settle(self, after: str = "") -> None:
+        """The condition has passed (or the job ends): tell what was counted, and warn afresh next time."""
+        if self.counted:
+            self._tell(f"in the last {clock.time() - self.since:.0f} s{after}")
+        self.since, self.shown = None, 0
+
+    def _tell(self, span: str) -> None:
+        n, self.counted = self.counted, 0
+        warn(f"{self.what} {n} more time{'s' if n > 1 else ''} {span} (latest: {self.latest})")
 
 
 class Recovery:
@@ -64,6 +112,7 @@ class Recovery:
         self.in_progress: dict | None = None  # seq, tmp, parts, waiting, pause_t0
         self.pause_t0: float | None = None
         self.restoring: dict | None = None  # waiting set, failure
+        self.failures = RepeatedWarning("checkpoint failed", CHECKPOINT_WARNING_EVERY_S)
 
     def start_fresh(self) -> None:
         """A new job, not --resume: an earlier run's running checkpoint in the directory is not its own (this
@@ -144,6 +193,7 @@ class Recovery:
             self.store.abort(cp["tmp"])
             self.failed(f"writing the checkpoint failed: {exc}")
             return
+        self.failures.settle(f", before {os.path.basename(path)} was written")
         pause = clock.time() - self.pause_t0
         m.joblog.event("checkpoint", path=path, seq=cp["seq"], pause_s=round(pause, 4),
                        bytes=sum(p["bytes"] for p in parts.values()), tasks_completed=m.tasks_completed)
@@ -213,7 +263,12 @@ class Recovery:
             self.schedule_priority()
 
     def failed(self, reason: str) -> None:
-        warn(f"checkpoint failed, the previous one stays in use: {reason}")
+        """One line for the first failure, which says what a loss would now recover from; repeats (a full
+        disk fails every checkpoint) are counted (:class:`RepeatedWarning`). Every one is an event."""
+        good = self.store.complete()
+        fallback = (f"{os.path.basename(good[0].path)} stays the checkpoint to recover from" if good else
+                    "the job has no good checkpoint yet, so a lost process cannot be recovered")
+        self.failures.warn(f"checkpoint failed ({fallback}): {reason}", reason)
         self.master.joblog.event("checkpoint_failed", reason=reason)
         self.resume()
 

@@ -12,24 +12,29 @@ from .membership import Membership, connect_kv
 from .process import die_with_parent, tune_malloc
 
 
-def job_secret(membership: Membership, secret_file: str | None = None) -> str:
-    """The job secret: from $LITZ_SECRET, a file, or the job registry (published there by the master)."""
+def job_secret(membership: Membership, secret_file: str | None = None, wait_s: float = 10.0) -> str:
+    """The job secret: from $LITZ_SECRET, a file, or the job registry (published there by the master, unless it
+    was given one itself). ``wait_s``: how long to wait for the master to publish it (right after it registers)."""
     if os.environ.get("LITZ_SECRET"):
         return os.environ["LITZ_SECRET"]
     if secret_file:
         try:
             with open(secret_file) as f:
-                return f.read().strip()
+                secret = f.read().strip()
         except OSError as exc:
             raise LitzError(f"cannot read secret file {secret_file}: {exc.strerror}") from None
-    secret = None
-    for _ in range(100):  # the master publishes it right after registering
+        if not secret:
+            raise LitzError(f"secret file {secret_file} is empty")
+        return secret
+    deadline = time.time() + wait_s
+    while True:
         secret = membership.get("secret")
-        if secret:
+        if secret or time.time() >= deadline:
             break
         time.sleep(0.1)
     if not secret:
-        raise LitzError(f"job {membership.job!r} has no secret in the registry; pass --secret-file")
+        raise LitzError(f"job {membership.job!r} keeps its secret out of the registry (its master was given one): "
+                        "pass the same --secret-file, or set LITZ_SECRET")
     return secret
 
 

@@ -177,7 +177,13 @@ def test_full_disk_keeps_the_previous_checkpoint(small_disk, tmp_path):
     events = events_of(out)
     failed = [e for e in events if e["kind"] == "checkpoint_failed"]
     assert len(failed) >= 1 and "No space left on device" in failed[0]["reason"]
-    assert "checkpoint failed, the previous one stays in use" in stderr
+    warned = [ln for ln in stderr.splitlines() if "checkpoint failed" in ln]
+    assert "checkpoint failed (ckpt-000001 stays the checkpoint to recover from): " in warned[0], stderr
+    # the later failures are one count line, told when a checkpoint was written again
+    assert len(warned) == (2 if len(failed) > 1 else 1), stderr
+    if len(failed) > 1:
+        assert f"checkpoint failed {len(failed) - 1} more time" in warned[1], stderr
+        assert "before ckpt-000002 was written (latest: " in warned[1], stderr
     assert not [d for d in os.listdir(small_disk) if d.endswith(".tmp")]  # failed attempts cleaned up
     from litz.checkpoint import CheckpointStore
 
@@ -187,6 +193,55 @@ def test_full_disk_keeps_the_previous_checkpoint(small_disk, tmp_path):
         assert g.part("driver.pkl")["tasks_completed"] > 0  # every part checks out against the manifest
         for rel in g.manifest["files"]:
             g.part(rel)
+
+
+@pytest.mark.timeout(90)
+def test_checkpoints_failing_with_none_written_warn_once_and_count_the_rest(small_disk):
+    """A disk too small for any checkpoint: the first failure says there is nothing to recover from (not that
+    a previous one stays in use), and the failures every 0.1 s after it are one line with their count."""
+    resize(small_disk, "8k")
+    res = run_cli(["litz", "run", app_path("chains"), "--executors", "4", "--checkpoint-dir", str(small_disk),
+                   "--checkpoint-every", "0.1", "--config", f"chains={CHAINS}", "steps=150", "sleep=0.002",
+                   "--no-progress"], timeout=80)
+    assert res.returncode == 0, res.stderr
+    check_result(json.loads(res.stdout), steps=150)
+    warned = [ln for ln in res.stderr.splitlines() if "checkpoint failed" in ln]
+    assert len(warned) == 2, res.stderr
+    assert warned[0].startswith("litz: warning: checkpoint failed (the job has no good checkpoint yet, so a lost "
+                                "process cannot be recovered): "), res.stderr
+    assert "No space left on device" in warned[0] and "stays" not in res.stderr
+    count = int(warned[1].split("checkpoint failed ")[1].split()[0])
+    assert count >= 3 and "more times in the last" in warned[1] and "(latest: " in warned[1], res.stderr
+
+
+def test_repeated_warning_tells_the_first_then_one_count_a_period(monkeypatch, capsys):
+    from litz import clock
+    from litz.recovery import RepeatedWarning
+
+    now = [1000.0]
+    monkeypatch.setattr(clock, "time", lambda: now[0])
+    w = RepeatedWarning("checkpoint failed", every=60.0)
+    for i in range(150):  # a failure every second for 150 s
+        w.warn(f"checkpoint failed: full {i}", f"full {i}")
+        now[0] += 1.0
+    w.settle(", before ckpt-000002 was written")
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["litz: warning: checkpoint failed: full 0",
+                     "litz: warning: checkpoint failed 60 more times in the last 60 s (latest: full 60)",
+                     "litz: warning: checkpoint failed 60 more times in the last 60 s (latest: full 120)",
+                     "litz: warning: checkpoint failed 29 more times in the last 30 s, before ckpt-000002 was "
+                     "written (latest: full 149)"]
+    w.warn("checkpoint failed: again", "again")  # after a settle: a new first line
+    w.settle()
+    assert capsys.readouterr().err.splitlines() == ["litz: warning: checkpoint failed: again"]
+    burst = RepeatedWarning("refused a litzctl request", every=10.0, burst=3)
+    for i in range(5):
+        burst.warn(f"refused {i}", f"r{i}")
+    now[0] += 10.0
+    burst.warn("refused 5", "r5")
+    assert capsys.readouterr().err.splitlines() == [
+        "litz: warning: refused 0", "litz: warning: refused 1", "litz: warning: refused 2",
+        "litz: warning: refused a litzctl request 3 more times in the last 10 s (latest: r5)"]
 
 
 @pytest.mark.timeout(120)

@@ -9,12 +9,16 @@ import time
 
 from ..errors import LitzError
 from ..membership import Membership, connect_kv
+from ..roles import job_secret
 from .common import ETCD_ARGS, Parser, add_etcd_options, etcd_options, main_guard
 
 DESCRIPTION = """Look at and steer a running Litz job. Local jobs (litz run) are found in the registry
-directory ($LITZ_HOME, default ~/.litz); cluster jobs through --etcd."""
+directory ($LITZ_HOME, default ~/.litz); cluster jobs through --etcd. Every command but list and status is signed
+with the job secret, found as a worker finds it: $LITZ_SECRET, --secret-file, or the registry, where the master
+publishes it unless it was started with --secret-file."""
 
 REQUEST_TIMEOUT_S = 30.0
+SECRET_WAIT_S = 1.0  # a master publishes the secret just after it registers; one that keeps it private never does
 LITZCTL_ETCD_TIMEOUT_S = 10.0  # a person waits at the prompt: say "unreachable since ..." soon
 
 
@@ -22,6 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="litzctl", description=DESCRIPTION)
     add_etcd_options(p, "etcd of a cluster job (default: the local registry)")
     p.add_argument("--name", help="the job's name (see `litzctl list`)")
+    p.add_argument("--secret-file", help="file holding the job secret, for a job started with --secret-file "
+                   "(default: $LITZ_SECRET, else the secret the master published in the registry)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     sub.add_parser("list", help="jobs in the registry")
     st = sub.add_parser("status", help="state, progress, and every worker and server")
@@ -137,9 +143,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise LitzError(f"job {args.name!r} has not published its status yet; try again")
             print(json.dumps(st, indent=1) if args.json else format_status(st))
             return 0
-        request = {k: v for k, v in vars(args).items() if k not in ("name", "command", *ETCD_ARGS)}
+        secret = job_secret(job, args.secret_file, wait_s=SECRET_WAIT_S)
+        request = {k: v for k, v in vars(args).items() if k not in ("name", "command", "secret_file", *ETCD_ARGS)}
         t0 = time.time()
-        rid = job.post_request(args.command, request)
+        rid = job.post_request(args.command, request, secret)
         wake(master)
         try:
             resp = job.wait_response(rid, REQUEST_TIMEOUT_S)

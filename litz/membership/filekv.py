@@ -2,7 +2,8 @@
 
 Each key is a JSON file; each lease is a file whose modification time is its deadline, so refreshing a
 lease is one ``utime`` and checking it is one ``stat``. Writes go through a temporary name and a rename,
-so a reader never sees half a value.
+so a reader never sees half a value. The registry is its user's alone (:mod:`litz.private`): files 0600 in
+0700 directories, as it holds local jobs' secrets and takes their litzctl requests.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 from typing import Any
 
 from .. import clock
+from ..private import open_private, private_dir, write_private
 
 
 class FileLease:
@@ -18,7 +20,7 @@ class FileLease:
         self.kv, self.ttl = kv, ttl
         self.id = os.urandom(8).hex()
         self.path = os.path.join(kv.lease_dir, self.id)
-        with open(self.path, "w"):
+        with open_private(self.path):
             pass
         self.refresh()
 
@@ -42,8 +44,8 @@ class FileKV:
         self.root = os.path.abspath(root)
         self.data_dir = os.path.join(self.root, "kv")
         self.lease_dir = os.path.join(self.root, "leases")
-        os.makedirs(self.data_dir, exist_ok=True)
-        os.makedirs(self.lease_dir, exist_ok=True)
+        for path in (self.root, self.data_dir, self.lease_dir):  # an older version's, maybe 0755: ours to tighten
+            private_dir(path, tighten=True)
 
     def _path(self, key: str) -> str:
         parts = [p for p in key.split("/") if p]
@@ -78,17 +80,14 @@ class FileKV:
 
     def put(self, key: str, value: Any, lease: FileLease | None = None) -> None:
         path = self._path(key)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(self._encode(value, lease))
-        os.replace(tmp, path)
+        private_dir(os.path.dirname(path))
+        write_private(path, self._encode(value, lease))
 
     def create(self, key: str, value: Any, lease: FileLease | None = None) -> bool:
         path = self._path(key)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        private_dir(os.path.dirname(path))
         tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-        with open(tmp, "wb") as f:
+        with open_private(tmp) as f:
             f.write(self._encode(value, lease))
         try:
             for _ in range(2):

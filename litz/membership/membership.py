@@ -6,7 +6,9 @@ Layout under ``litz/jobs/<name>/``::
     members/<id>    one per worker/server: role, address, pid, host (leased)
     ids/<id>        allocated process ids, never reused within a job
     status          the master's latest status document (leased)
-    requests/<rid>  litzctl requests; the master answers under responses/<rid>
+    secret          the job secret, when the master publishes it (not with --secret-file or LITZ_SECRET)
+    requests/<rid>  litzctl requests, signed with the job secret (litz.control); the master answers under
+                    responses/<rid> (leased)
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import threading
 from typing import Any
 
 from .. import clock
+from ..control import sign_request
 from ..errors import LitzError, RegistryUnavailable
 from .kv import KV, Lease
 
@@ -246,22 +249,32 @@ class Membership:
                              f"remove it with `etcdctl del --prefix {self.prefix}`\n")
 
     # -- requests from litzctl -----------------------------------------------------------------------
-    def post_request(self, command: str, args: dict) -> str:
-        rid = os.urandom(6).hex()
-        self.kv.put(f"{self.prefix}requests/{rid}", {"command": command, "args": args, "t": clock.time()})
+    def post_request(self, command: str, args: dict, secret: str, rid: str | None = None) -> str:
+        """Post a request for the job's current master, signed with the job secret (:mod:`litz.control`);
+        returns its id. ``rid``: a chosen id (the simulator's, for exact replays), else a random one."""
+        rid = rid or os.urandom(6).hex()
+        master = (self.master() or {}).get("instance", "")
+        self.kv.put(f"{self.prefix}requests/{rid}", sign_request(secret, self.job, master, rid, command, args))
         return rid
 
-    def take_requests(self) -> list[tuple[str, dict]]:
+    def take_requests(self) -> list[tuple[str, Any]]:
+        """Every waiting request, oldest first, as (id, value), removed from the registry. Values are as found:
+        anyone who can write the registry can post one, so the master checks them (:mod:`litz.control`)."""
         n = len(self.prefix) + len("requests/")
+
+        def when(item: tuple[str, Any]) -> float:
+            t = item[1].get("t") if isinstance(item[1], dict) else None
+            return float(t) if isinstance(t, (int, float)) and t == t else 0.0
+
         out = []
-        for key, value in sorted(self.kv.get_prefix(self.prefix + "requests/").items(),
-                                 key=lambda kv: kv[1].get("t", 0)):
+        for key, value in sorted(self.kv.get_prefix(self.prefix + "requests/").items(), key=when):
             self.kv.delete(key)
             out.append((key[n:], value))
         return out
 
     def respond(self, rid: str, response: dict) -> None:
-        self.kv.put(f"{self.prefix}responses/{rid}", response)
+        """Answer request ``rid``. Leased: an answer nobody collects goes with the master."""
+        self.put(f"responses/{rid}", response, leased=True)
 
     def wait_response(self, rid: str, timeout: float) -> dict | None:
         """The master's answer to a request; None on timeout. A job that ends meanwhile is an error."""

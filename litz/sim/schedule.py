@@ -24,6 +24,7 @@ EVENTS = ("scale", "drain", "kill", "checkpoint", "memory", "registry")
 EVENTS_BEFORE_REGISTRY = EVENTS[:5]  # the kinds the plans of the recorded bug replays were drawn from
 OUTCOMES = ("recovery", "partial_recovery", "evict")  # what the events led to, counted from the job's events
 JOB = "sim"
+SECRET = "sim"  # the job secret of every simulated process (sim:// carries no keys; requests are signed with it)
 TIME_LIMIT_S = 900.0  # simulated: a schedule still running by then has hung
 
 _world: World | None = None  # the world whose processes open sim:// endpoints now
@@ -123,7 +124,7 @@ class Schedule:
         membership.wait_master(60)
         ident = membership.allocate_id(role)
         cls = Worker if role == "worker" else Server
-        member = cls(ident, membership, "sim", listen=f"sim://{ident}")
+        member = cls(ident, membership, SECRET, listen=f"sim://{ident}")
         self.members[ident] = member
         self.member_procs[ident] = proc
         membership.register(role, ident, {"address": member.endpoint.address})
@@ -140,7 +141,7 @@ class Schedule:
 
         p = self.plan
         membership = Membership(self.kv, JOB, pid=proc.pid)
-        master = Master(_app, membership, "sim", config={"rounds": p.rounds, "keys": p.keys, "staleness": p.staleness},
+        master = Master(_app, membership, SECRET, config={"rounds": p.rounds, "keys": p.keys, "staleness": p.staleness},
                         num_executors=p.executors, num_shards=p.shards, min_workers=p.workers,
                         min_servers=p.servers, joblog=JobLog(progress=False), start_timeout=60.0,
                         spawn=self.spawn, checkpoint_dir=f"{self.tmp}/checkpoints" if p.checkpoint_every else None,
@@ -183,9 +184,9 @@ class Schedule:
 
     # -- events --------------------------------------------------------------------------------------
     def _request(self, command: str, args: dict) -> None:
+        """What litzctl does: a request signed with the job secret (the master refuses any other)."""
         self.next_rid += 1
-        self.kv.put(f"litz/jobs/{JOB}/requests/r{self.next_rid:05d}",
-                    {"command": command, "args": args, "t": clock.time()})
+        Membership(self.kv, JOB).post_request(command, args, SECRET, rid=f"r{self.next_rid:05d}")
 
     def _live(self, role: str) -> list[str]:
         m = self.master
