@@ -169,7 +169,7 @@ class Master(Process):
         # the job (before a --resume) is refused, although this one never saw its nonce
         self.instance = os.urandom(8).hex()
         self.verifier = RequestVerifier(secret, membership.job, self.instance)
-        self.refused = RepeatedWarning("refused a request", *REFUSED_WARNINGS)
+        self.refused_requests = RepeatedWarning("refused a request", *REFUSED_WARNINGS)
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def register(self) -> None:
@@ -240,7 +240,7 @@ class Master(Process):
             self.joblog.show(self.tasks_completed, self.rate(), len(self.workers), len(self.servers))
         self.state = "finished" if self.state == "running" else self.state
         self.recovery.failures.settle()  # checkpoint failures and refused requests counted and not told yet
-        self.refused.settle()
+        self.refused_requests.settle()
         self.joblog.show(self.tasks_completed, self.rate(), len(self.workers), len(self.servers), force=True)
         self.joblog.end_progress(self.state)
         return self.result
@@ -1014,8 +1014,8 @@ class Master(Process):
         """Warn (rate-limited: a flood must not bury stderr) and answer a forgery only that it is one."""
         command = req.get("command") if isinstance(req, dict) else None
         what = f"{command[:40]!r} request" if isinstance(command, str) else "request"
-        self.refused.warn(f"refused a {what} (id {rid[:64]!r}) from the registry: {refusal.reason}; nothing was "
-                          "done", f"{what} {refusal.reason}")
+        self.refused_requests.warn(f"refused a {what} (id {rid[:64]!r}) from the registry: {refusal.reason}; "
+                                   "nothing was done", f"{what} {refusal.reason}")
         if refusal.answer is not None:
             self.membership.respond(rid, {"ok": False, "message": refusal.answer})
 

@@ -25,6 +25,9 @@ from ..errors import LitzError, RegistryUnavailable
 RPC_TIMEOUT_S = 2.0  # one call to one endpoint
 ENDPOINT_RETRY_S = 1.0  # a member that failed is tried again after this long
 DEFAULT_TIMEOUT_S = 300.0  # how long a job rides through an etcd outage (--etcd-timeout)
+# A process that has never reached etcd waits at most this long at start: a wrong address should be said in
+# seconds, and a supervisor (Kubernetes, Slurm) starts the process again if etcd was only late.
+CONNECT_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,7 @@ class EtcdKV:
         self._client: Any = None
         self._failed: dict[str, float] = {}  # member 'host:port' -> when a call to it last failed
         self._lock = threading.Lock()
-        self._call(lambda c: c.status(), "connect")
+        self._call(lambda c: c.status(), "connect", give_up=min(self.options.timeout, CONNECT_WAIT_S))
 
     @property
     def give_up_after(self) -> float:
@@ -157,8 +160,9 @@ class EtcdKV:
                 self._client = self._connect()  # authenticates, so a fresh token after a restart
             return self._client
 
-    def _call(self, fn: Callable[[Any], Any], what: str, probe: bool = False) -> Any:
-        """Run ``fn(client)``. ``probe``: one attempt whatever the mode (the lease keeper's)."""
+    def _call(self, fn: Callable[[Any], Any], what: str, probe: bool = False, give_up: float | None = None) -> Any:
+        """Run ``fn(client)``. ``probe``: one attempt whatever the mode (the lease keeper's); ``give_up``: wait at
+        most this long for an unreachable etcd (default: ``EtcdOptions.timeout``)."""
         if self._fail_fast and self.down_since is not None and not probe:
             raise RegistryUnavailable(self.endpoint, self.down_since, self.last_error)
         delay = 0.1
@@ -179,7 +183,7 @@ class EtcdKV:
                 self.last_error = f"{what}: {type(exc).__name__}"
                 if probe or self._fail_fast:
                     raise RegistryUnavailable(self.endpoint, self.down_since, self.last_error) from None
-                if now + delay - self.down_since > self.options.timeout:
+                if now + delay - self.down_since > (self.options.timeout if give_up is None else give_up):
                     down = RegistryUnavailable(self.endpoint, self.down_since, self.last_error)
                     raise LitzError(f"{down}; gave up (--etcd-timeout)") from None
                 clock.sleep(delay)
