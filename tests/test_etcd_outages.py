@@ -76,17 +76,15 @@ def test_training_goes_on_through_a_long_outage_and_the_job_ends_cleanly_after(e
         wait_for(lambda: (s := status(name, e)) and s["tasks_completed"] > 100, 60, "the job running")
         etcd.kill()
         down = time.time()
-        # the master writes --output after the driver finished, before it takes its keys out of etcd
+        # the master writes --output once the driver finished, before it takes its keys out of etcd: the job
+        # trains to its end with etcd down
         wait_for(lambda: out.exists(), 90, "the job to finish while etcd is down")
-        finished_during_outage = time.time() - down
         time.sleep(max(0.0, 20.0 - (time.time() - down)))
         assert master.poll() is None  # waiting to remove the job's keys
         etcd.restart()
-        events = finish(master, out, steps)
+        finish(master, out, steps)
     assert json.loads(out.read_text())["state"] == "finished"
-    assert finished_during_outage < 90
     assert job_keys(e, name) == {}
-    del events
 
 
 @pytest.mark.timeout(150)
