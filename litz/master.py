@@ -41,6 +41,7 @@ CONNECTION_GRACE_S = 0.3  # a member's dropped connection not back after this: i
 # A member told to retire that left the registry without its RETIRED message arriving this long after: it died
 # while it still held work (killed mid-drain), and the job recovers, instead of taking it for retired.
 RETIRED_GRACE_S = 5.0
+LAPSE_GRACE_S = 5.0  # a member key missing this long is a lost process: longer than a late keeper's rewrite
 WATCH_CONNECTIONS = os.environ.get("LITZ_CONNECTION_WATCH", "1") != "0"  # off: only leases and local children
 REQUESTS_CHECK_S = 0.05  # litzctl requests, when no wake-up datagram arrives (see open_wake_socket)
 STATUS_EVERY_S = 1.0
@@ -78,6 +79,7 @@ class Member:
         self.ready = False  # worker: has the app and created its initial executors
         self.retire_sent = False
         self.gone_since: float | None = None  # told to retire, then left the registry: awaiting its RETIRED
+        self.missing_since: float | None = None  # its registry key was first seen missing (R2)
         self.noticed = ""  # once lost: how the master noticed (for the recovery event)
         self.first_map: int | None = None  # worker: first shard-map version it was sent
         self.stats: dict = {}
@@ -908,7 +910,10 @@ class Master(Process):
             return list(lost.values())  # the registry came back empty: members are writing their keys (R3)
         now = clock.time()
         for ident, m in members.items():
-            if ident not in alive and ident not in lost:
+            if ident in alive:
+                m.missing_since = None
+            elif ident not in lost:
+                m.missing_since = m.missing_since or now
                 if m.retire_sent:
                     # Its RETIRED message may still be on its way (handled as it arrives); a process killed after
                     # it was told to retire, before it shipped everything, never sends one, and what it held is
@@ -917,7 +922,9 @@ class Master(Process):
                     if now - m.gone_since > RETIRED_GRACE_S:
                         m.noticed = "exited without retiring"
                         lost[ident] = m
-                else:
+                elif now - m.missing_since >= LAPSE_GRACE_S:
+                    # a keeper that reached etcd late after a restart finds its lease expired and writes its key
+                    # again: only a key that stays missing is a lost process (docs/design.md, R2)
                     m.noticed = "registration lapsed"
                     lost[ident] = m
         return list(lost.values())

@@ -89,10 +89,23 @@ def test_a_member_that_floods_the_master_with_malformed_messages_is_lost_once_an
     assert Master.find_lost(m) == []
 
 
-def test_a_lapsed_registration_is_lost_even_without_a_launcher():
+def test_a_lapsed_registration_is_lost_even_without_a_launcher(monkeypatch):
+    """Lost once its key has stayed missing for LAPSE_GRACE_S; a key written again in time is no loss (R2)."""
+    from litz.master import LAPSE_GRACE_S
+
+    now = [1000.0]
+    monkeypatch.setattr(clock, "time", lambda: now[0])
     m = master_with(Launcher(), alive={"w0", "s0"})
     m.supervise = None
     assert not Master.losses_noticed(m)
+    assert Master.find_lost(m) == []  # missing since now
+    now[0] += LAPSE_GRACE_S / 2
+    m.membership.alive.add("w1")  # its keeper reached etcd late and wrote its key again
+    assert Master.find_lost(m) == []
+    m.membership.alive.discard("w1")
+    now[0] += LAPSE_GRACE_S / 2
+    assert Master.find_lost(m) == []  # missing again: the grace starts over
+    now[0] += LAPSE_GRACE_S
     lost = Master.find_lost(m)
     assert [x.ident for x in lost] == ["w1"] and lost[0].noticed == "registration lapsed"
 

@@ -28,6 +28,11 @@ DEFAULT_TIMEOUT_S = 300.0  # how long a job rides through an etcd outage (--etcd
 # A process that has never reached etcd waits at most this long at start: a wrong address should be said in
 # seconds, and a supervisor (Kubernetes, Slurm) starts the process again if etcd was only late.
 CONNECT_WAIT_S = 10.0
+# gRPC shares a subchannel per target across channels and backs off reconnecting up to 2 minutes: after a
+# long outage the keeper's probes kept failing for seconds after etcd was back, longer than a lease's TTL.
+# A channel of its own, retried at least every second.
+GRPC_OPTIONS = [("grpc.use_local_subchannel_pool", 1), ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.min_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000)]
 
 
 @dataclass(frozen=True)
@@ -144,8 +149,8 @@ class EtcdKV:
 
         o = self.options
         creds = (MultiEndpointEtcd3Client.get_secure_creds(o.cacert, o.key, o.cert) if o.cacert else None)
-        endpoints = [Endpoint(host, port, secure=creds is not None, creds=creds, time_retry=ENDPOINT_RETRY_S)
-                     for host, port in o.hosts()]
+        endpoints = [Endpoint(host, port, secure=creds is not None, creds=creds, time_retry=ENDPOINT_RETRY_S,
+                              opts=GRPC_OPTIONS) for host, port in o.hosts()]
         client = MultiEndpointEtcd3Client(endpoints=endpoints, timeout=self.rpc_timeout, user=o.user,
                                           password=o.password, failover=True)
         # the first member in the order given that has not failed lately (else the one that failed longest ago)
