@@ -24,6 +24,10 @@ class RegistryUnavailable(LitzError):
     def down_for(self) -> float:
         return clock.time() - self.since
 
+    def gave_up(self, who: str = "") -> LitzError:
+        """The error a process ends with once it has waited ``--etcd-timeout`` for the registry."""
+        return LitzError(f"{who}{self}; gave up (--etcd-timeout)")
+
 
 class InputError(LitzError):
     """Raised by apps for bad input (missing file, malformed line, bad config value): one line, no traceback."""

@@ -900,7 +900,7 @@ class Master(Process):
             alive = self.membership.members()
         except RegistryUnavailable as exc:
             if exc.down_for > self.membership.give_up_after:
-                raise LitzError(f"{exc}; gave up (--etcd-timeout)") from None
+                raise exc.gave_up() from None
             return list(lost.values())  # unknown is not absent (R1)
         try:
             settled = self.membership.registry_settled()

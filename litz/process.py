@@ -162,7 +162,7 @@ class Process:
                                 "with it")
         except RegistryUnavailable as exc:
             if exc.down_for > self.membership.give_up_after:
-                raise LitzError(f"{self.role} {self.ident}: {exc}; gave up (--etcd-timeout)") from None
+                raise exc.gave_up(f"{self.role} {self.ident}: ") from None
         return True
 
     def master_gone(self) -> bool:
@@ -220,9 +220,7 @@ class Process:
         try:
             self.reach(peer)
         except LitzError as exc:
-            # unknown is not absent (R1), nor is a peer missing from a registry that just came back empty and
-            # that it has not written its key to again yet (R3): wait until the registry can tell
-            if isinstance(exc, RegistryUnavailable) or not self.registry_settled():
+            if self.may_be_named_later(exc):
                 self._held[peer] = [((self.epoch, copy.deepcopy(msg)), pickler)]
             return 0
         return self.endpoint.send(peer, (self.epoch, msg), pickler)
@@ -234,13 +232,19 @@ class Process:
         except RegistryUnavailable:
             return False
 
+    def may_be_named_later(self, exc: LitzError) -> bool:
+        """Whether a peer :meth:`reach` could not find (``exc``) is unknown rather than gone: the registry cannot
+        be read (R1), or came back empty and the peer has not written its key again yet (R3). Its messages
+        wait; a peer gone from a settled registry is lost, and so is what is sent to it (M4)."""
+        return isinstance(exc, RegistryUnavailable) or not self.registry_settled()
+
     def send_held(self) -> None:
         """Send what waited for the registry to name its peer (called once a second, from the registry check)."""
         for peer in list(self._held):
             try:
                 self.reach(peer)
             except LitzError as exc:
-                if not isinstance(exc, RegistryUnavailable) and self.registry_settled():
+                if not self.may_be_named_later(exc):
                     del self._held[peer]  # gone from the registry: lost with the peer, as any message to it (M4)
                 continue
             for wrapped, pickler in self._held.pop(peer):

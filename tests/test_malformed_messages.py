@@ -164,6 +164,16 @@ def test_each_malformed_message_is_dropped_with_one_warning_and_the_process_goes
         proc.close()
 
 
+def assert_still_hears_the_master(proc) -> None:
+    """It keeps serving: a message from the master still gets through."""
+    friend = Rogue(proc.endpoint.address, b"master")
+    try:
+        friend.send(frames_of((P.STOP,)))
+        assert wait_for(lambda: pump(proc, 0.1), 10, "the good message") == [("master", (P.STOP,))]
+    finally:
+        friend.close()
+
+
 def friend_id(role: str) -> str:
     return "w9" if role == "master" else "master"
 
@@ -204,10 +214,7 @@ def test_a_200_mb_frame_of_garbage_is_dropped_too(carrier, tmp_path, membership,
         got, err = pump_until_said(proc, capsys, ["from rogue-big: not a pickled message"], timeout=30)
         sending.join()
         assert got == [] and err.count("rogue-big") == 1
-        friend = Rogue(proc.endpoint.address, b"master")
-        friend.send(frames_of((P.STOP,)))
-        assert wait_for(lambda: pump(proc, 0.1), 10, "the good message") == [("master", (P.STOP,))]
-        friend.close()
+        assert_still_hears_the_master(proc)
     finally:
         rogue.close()
         proc.close()
@@ -231,10 +238,7 @@ def test_a_frame_over_the_limit_is_refused_at_its_header_over_unix_sockets(tmp_p
         counted.sock.sendall(struct.pack("<I", 2**32 - 1))  # a frame count no message has: refused at once
         pump_until_said(proc, capsys, ["from rogue-count: frame count over the limit: 4,294,967,295 frames"])
         counted.close()
-        friend = Rogue(proc.endpoint.address, b"master")
-        friend.send(frames_of((P.STOP,)))
-        assert wait_for(lambda: pump(proc, 0.1), 10, "the good message") == [("master", (P.STOP,))]
-        friend.close()
+        assert_still_hears_the_master(proc)
     finally:
         rogue.close()
         proc.close()

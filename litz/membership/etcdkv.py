@@ -189,8 +189,7 @@ class EtcdKV:
                 if probe or self._fail_fast:
                     raise RegistryUnavailable(self.endpoint, self.down_since, self.last_error) from None
                 if now + delay - self.down_since > (self.options.timeout if give_up is None else give_up):
-                    down = RegistryUnavailable(self.endpoint, self.down_since, self.last_error)
-                    raise LitzError(f"{down}; gave up (--etcd-timeout)") from None
+                    raise RegistryUnavailable(self.endpoint, self.down_since, self.last_error).gave_up() from None
                 clock.sleep(delay)
                 delay = min(delay * 2, 2.0)
                 continue

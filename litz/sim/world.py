@@ -27,6 +27,7 @@ import greenlet
 
 from .. import wire
 from ..endpoint import Endpoint
+from ..errors import RegistryUnavailable
 from ..guard import BadMessage
 
 EPOCH = 1_800_000_000.0  # what clock.time() reads at simulated time 0
@@ -389,14 +390,12 @@ class SimKV:
     def check(self, probe: bool = False) -> None:
         """Calls while it is down: fail at once for a process with a keeper (and a keeper's probe), else wait,
         as :class:`~litz.membership.etcdkv.EtcdKV` does, up to ``give_up_after``."""
-        from ..errors import LitzError, RegistryUnavailable
-
         while self.down_since is not None:
             proc = self.world.current
             if probe or proc is None or proc.pid in self.fail_fast:
                 raise RegistryUnavailable("sim", self.down_since)
             if self.world.clock.time() - self.down_since > self.give_up_after:
-                raise LitzError(f"{RegistryUnavailable('sim', self.down_since)}; gave up (--etcd-timeout)")
+                raise RegistryUnavailable("sim", self.down_since).gave_up()
             self.world.block(0.1)
 
     def expire(self) -> None:
