@@ -5,10 +5,17 @@ about 0.45 s of CPU a process, most of a short job's start on a 2-core machine. 
 imported already (the app too: ``litz.run`` loads it first), so its forks start in milliseconds, and they
 share the launcher's memory until they write to it.
 
-Forking a process that runs threads is unsafe: a lock another thread holds stays locked in the child. The
+Forking a process that runs threads is unsafe: a lock another thread holds stays locked in the child, and a
+library's fork handlers (gRPC's, in an etcd client) run in it against descriptors the fork server closes
+(gRPC aborts the process). Compute pools (OpenBLAS's) are safe: they park themselves for a fork. The
 master starts threads (ZAP authentication, the lease keeper, ZeroMQ's I/O threads), so the launcher forks
 one *fork server* before any of them exist. It has one thread and no sockets; it forks every worker and
 server on request, and, being their parent, reaps them and reports how each one ended.
+
+A launcher that runs such threads already (a program with threads of its own, an etcd client or a ZeroMQ
+context open, or one that ran an etcd job before) gets a fork server that is a fresh interpreter instead.
+It imports litz and the heavy libraries the launcher had loaded, once; its forks start as fast, but they
+load the app from its pickled blob, as fresh interpreters do.
 
 ``LITZ_SPAWN=exec`` starts fresh interpreters instead (``python -m litz.cli.litz worker ...``), for a
 launcher whose state should not be inherited (one holding a GPU context, or a large heap it keeps
@@ -20,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import gc
+import importlib
 import os
 import select
 import signal
@@ -111,8 +119,9 @@ class ForkedProcess:
 class ForkServer:
     """The launcher's side: start one with :meth:`start` while the launcher has no thread of its own yet."""
 
-    def __init__(self, conn: Connection, pid: int):
+    def __init__(self, conn: Connection, pid: int, fresh: subprocess.Popen | None = None):
         self.conn, self.pid = conn, pid
+        self.fresh = fresh  # the fresh interpreter's Popen, which reaps it; None for a fork of the launcher
         self.children: dict[int, ForkedProcess] = {}
         self.lock = threading.Lock()
         self.closed = False
@@ -128,6 +137,9 @@ class ForkServer:
 
     @classmethod
     def start(cls, title: str) -> ForkServer:
+        """A fork of the launcher when the launcher has one thread, else a fresh interpreter."""
+        if threads_unsafe_to_fork():
+            return cls._start_fresh(title)
         ours, theirs = Pipe(duplex=True)
         sys.stdout.flush()  # or the fork writes what the launcher had buffered a second time
         sys.stderr.flush()
@@ -147,6 +159,15 @@ class ForkServer:
         theirs.close()
         return cls(ours, pid)
 
+    @classmethod
+    def _start_fresh(cls, title: str) -> ForkServer:
+        ours, theirs = Pipe(duplex=True)
+        preload = [name for name in PRELOAD if name in sys.modules]
+        argv = [sys.executable, "-c", FRESH_ENTRY, str(theirs.fileno()), str(os.getpid()), title, *preload]
+        proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        theirs.close()
+        return cls(ours, proc.pid, proc)
+
     def spawn(self, argv: list[str], env: dict[str, str], title: str) -> ForkedProcess:
         """Fork a child that runs ``litz`` with ``argv`` (as ``python -m litz.cli.litz`` would) in ``env``."""
         with self.lock:
@@ -156,10 +177,11 @@ class ForkServer:
                 self.conn.send(("spawn", argv, env, title))
             except OSError as exc:
                 raise LitzError(f"the fork server is gone: {exc}") from None
+            wait = 60.0 if self.fresh is not None else 10.0  # a fresh one imports numpy, numba... first
             while True:
-                msg = self._receive(10.0)
+                msg = self._receive(wait)
                 if msg is None:
-                    raise LitzError("the fork server did not answer within 10 s")
+                    raise LitzError(f"the fork server did not answer within {wait:.0f} s")
                 if msg[0] == "started":
                     child = self.children[msg[1]] = ForkedProcess(self, msg[1])
                     return child
@@ -204,6 +226,9 @@ class ForkServer:
                 except OSError:
                     pass
             self.conn.close()
+        if self.fresh is not None:
+            self.fresh.wait()
+            return
         try:
             os.waitpid(self.pid, 0)
         except ChildProcessError:
@@ -211,6 +236,54 @@ class ForkServer:
 
 
 # -- the fork server's side -------------------------------------------------------------------------------
+# What a fresh fork server imports before it forks, when the launcher has it loaded: each takes a fresh
+# interpreter a tenth of a second or more (numba 0.3 s); litz's own roles come with litz.cli.litz.
+PRELOAD = ("numpy", "zmq", "cloudpickle", "greenlet", "scipy", "scipy.sparse", "numba")
+
+
+def threads_unsafe_to_fork() -> list[str]:
+    """The threads of this process that make forking it unsafe, by name: the program's own (Python threads, which
+    may hold its locks) and named native ones, the service threads of libraries such as gRPC (``event_engine``)
+    or ZeroMQ (``ZMQbg/IO/0``), whose fork handlers and locks assume a process they own. Unnamed native threads
+    (they carry the main thread's name) are compute pools such as OpenBLAS's, which park themselves for a fork."""
+    unsafe = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+    try:
+        main = _thread_name(os.getpid())
+        tids = [int(tid) for tid in os.listdir("/proc/self/task")]
+    except OSError:  # no /proc: the Python threads are all that can be seen
+        return unsafe
+    native = {t.native_id for t in threading.enumerate()}
+    for tid in tids:
+        if tid not in native:
+            try:
+                name = _thread_name(tid)
+            except OSError:  # ended meanwhile
+                continue
+            if name != main:
+                unsafe.append(name)
+    return unsafe
+
+
+def _thread_name(tid: int) -> str:
+    with open(f"/proc/self/task/{tid}/comm") as f:
+        return f.read().strip()
+
+
+# Ctrl-C is the launcher's from the first line on (see _serve), not a KeyboardInterrupt amid the imports.
+FRESH_ENTRY = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+               "from litz.forkserver import serve_fresh; serve_fresh(sys.argv[1:])")
+
+
+def serve_fresh(argv: list[str]) -> None:
+    """The fresh interpreter's side: ``python -c FRESH_ENTRY FD LAUNCHER TITLE MODULE...``."""
+    fd, launcher, title, *modules = argv
+    conn = Connection(int(fd))
+    _set_title(title)
+    for name in (*modules, "litz.cli.litz"):
+        importlib.import_module(name)
+    _serve(conn, int(launcher))
+
+
 def _serve(conn: Connection, launcher: int) -> None:
     """Fork on request, report each child's pid and, when it ends, its exit code (as Popen's returncode)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle: it stops the job

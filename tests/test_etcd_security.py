@@ -2,6 +2,7 @@
 users with passwords and a role limited to Litz's keys. Real etcd, real certificates (openssl)."""
 import json
 import subprocess
+import sys
 
 import pytest
 
@@ -30,26 +31,36 @@ def make_certificates(d) -> dict:
                                         ("server_cert", "server.crt"), ("server_key", "server.key"))}
 
 
-def enable_auth(endpoint: str, tls: dict, password: str) -> None:
-    """root (needed to turn auth on) and a user 'litz' that may only read and write keys under 'litz/'."""
-    from pyetcd.client import Endpoint, MultiEndpointEtcd3Client
-    from pyetcd.etcdrpc import auth_pb2 as auth
-    from pyetcd.etcdrpc import rpc_pb2 as rpc
+ENABLE_AUTH = """
+import sys
+from pyetcd.client import Endpoint, MultiEndpointEtcd3Client
+from pyetcd.etcdrpc import auth_pb2 as auth
+from pyetcd.etcdrpc import rpc_pb2 as rpc
 
-    creds = MultiEndpointEtcd3Client.get_secure_creds(tls["ca"], tls["key"], tls["cert"])
-    host, port = endpoint.rsplit(":", 1)
-    client = MultiEndpointEtcd3Client(endpoints=[Endpoint(host, int(port), secure=True, creds=creds)], timeout=5)
-    a = client.authstub
-    a.RoleAdd(rpc.AuthRoleAddRequest(name="root"), 5)
-    a.UserAdd(rpc.AuthUserAddRequest(name="root", password="root-" + password), 5)
-    a.UserGrantRole(rpc.AuthUserGrantRoleRequest(user="root", role="root"), 5)
-    a.RoleAdd(rpc.AuthRoleAddRequest(name="litz"), 5)
-    a.RoleGrantPermission(rpc.AuthRoleGrantPermissionRequest(
-        name="litz", perm=auth.Permission(permType=auth.Permission.READWRITE, key=b"litz/", range_end=b"litz0")), 5)
-    a.UserAdd(rpc.AuthUserAddRequest(name="litz", password=password), 5)
-    a.UserGrantRole(rpc.AuthUserGrantRoleRequest(user="litz", role="litz"), 5)
-    a.AuthEnable(rpc.AuthEnableRequest(), 5)
-    client.close()
+endpoint, ca, key, cert, password = sys.argv[1:]
+creds = MultiEndpointEtcd3Client.get_secure_creds(ca, key, cert)
+host, port = endpoint.rsplit(":", 1)
+client = MultiEndpointEtcd3Client(endpoints=[Endpoint(host, int(port), secure=True, creds=creds)], timeout=5)
+a = client.authstub
+a.RoleAdd(rpc.AuthRoleAddRequest(name="root"), 5)
+a.UserAdd(rpc.AuthUserAddRequest(name="root", password="root-" + password), 5)
+a.UserGrantRole(rpc.AuthUserGrantRoleRequest(user="root", role="root"), 5)
+a.RoleAdd(rpc.AuthRoleAddRequest(name="litz"), 5)
+a.RoleGrantPermission(rpc.AuthRoleGrantPermissionRequest(
+    name="litz", perm=auth.Permission(permType=auth.Permission.READWRITE, key=b"litz/", range_end=b"litz0")), 5)
+a.UserAdd(rpc.AuthUserAddRequest(name="litz", password=password), 5)
+a.UserGrantRole(rpc.AuthUserGrantRoleRequest(user="litz", role="litz"), 5)
+a.AuthEnable(rpc.AuthEnableRequest(), 5)
+client.close()
+"""
+
+
+def enable_auth(endpoint: str, tls: dict, password: str) -> None:
+    """root (needed to turn auth on) and a user 'litz' that may only read and write keys under 'litz/'. In a
+    process of its own: a TLS gRPC channel leaves threads behind in the pytest process, and later tests
+    launch jobs from it (a launcher with threads gets a fresh fork server, see litz.forkserver)."""
+    subprocess.run([sys.executable, "-c", ENABLE_AUTH, endpoint, tls["ca"], tls["key"], tls["cert"], password],
+                   check=True, timeout=60)
 
 
 @pytest.fixture

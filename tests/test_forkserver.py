@@ -4,11 +4,14 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import subprocess
+import sys
+import threading
 
 import pytest
 
 import litz
-from litz.forkserver import ForkServer, blas_threads, set_blas_threads
+from litz.forkserver import ForkServer, blas_threads, set_blas_threads, threads_unsafe_to_fork
 from tests.helpers import Processes, app_path, status, wait_for
 
 
@@ -23,7 +26,16 @@ def launcher_blas_threads():
     set_blas_threads(before[0])
 
 
-def test_children_are_forks_of_one_fork_server_named_for_their_role(launcher_blas_threads):
+@pytest.fixture
+def single_threaded_launcher():
+    """Forks of the launcher itself need a launcher with one thread (else the fork server is a fresh interpreter):
+    a test that left a thread behind in the pytest process (an etcd client's gRPC) would change these tests."""
+    left = threads_unsafe_to_fork()
+    assert not left, f"an earlier test left threads in the pytest process: {left}"
+
+
+def test_children_are_forks_of_one_fork_server_named_for_their_role(single_threaded_launcher,
+                                                                      launcher_blas_threads):
     facts = litz.run(app_path("whoami"), workers=2, servers=1, executors=4, name="forked-job")
     assert len({f["pid"] for f in facts}) == 2, "4 executors on 2 worker processes"
     fork_servers = {f["ppid"] for f in facts}
@@ -56,6 +68,48 @@ def test_children_do_not_hold_the_launchers_files_and_sockets(tmp_path, monkeypa
     held = [target for f in facts for target in f["open_files"]]
     assert held, "the workers' own sockets show, so the check looks at the right descriptors"
     assert str(path) not in held and sock_target not in held, held
+
+
+def test_a_launcher_that_runs_threads_gets_a_fork_server_that_is_a_fresh_interpreter(launcher_blas_threads):
+    """Forking a launcher whose threads may hold locks, or whose libraries' fork handlers write to descriptors
+    the fork server closes (gRPC's: it aborted the fork server of a launcher that had used an etcd client),
+    is unsafe. Its children are still forks of one fork server, but that one is a fresh interpreter."""
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        assert threads_unsafe_to_fork() == [thread.name]
+        facts = litz.run(app_path("whoami"), workers=2, servers=1, executors=4, name="threaded-launcher")
+    finally:
+        stop.set()
+        thread.join()
+    fork_servers = {f["ppid"] for f in facts}
+    assert len({f["pid"] for f in facts}) == 2 and len(fork_servers) == 1 and os.getpid() not in fork_servers
+    assert {f["grandparent"] for f in facts} == {os.getpid()}, "the fork server is the launcher's child"
+    assert not any(f["launcher_class"] for f in facts), "a fresh fork server's children unpickle the app's blob"
+    assert all(f["cmdline"] == "litz worker --name threaded-launcher" for f in facts), facts
+    assert all(set(f["blas_threads"]) == {1} for f in facts), facts
+    by_process = {f["pid"]: f["global_random"] for f in facts}
+    assert len(set(by_process.values())) == 2, "each worker has its own numpy global random stream"
+
+
+@pytest.mark.timeout(120)
+def test_a_launcher_with_an_open_etcd_client_runs_job_after_job(etcd):
+    """gRPC's threads and fork handlers live in a launcher that holds an etcd client; its jobs start anyway."""
+    script = f"""
+import litz
+from litz.membership.etcdkv import EtcdKV
+kv = EtcdKV({etcd.endpoint!r}, timeout=2.0)
+kv.get_prefix("litz/")
+for steps in (40, 60):
+    result = litz.run("examples/linreg.py", workers=2, servers=1, config={{"steps": steps}})
+    print(result["loss"], flush=True)
+kv.close()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr
+    losses = [float(line) for line in done.stdout.split()]
+    assert len(losses) == 2 and losses[1] < 0.1, done.stdout
 
 
 def test_litz_spawn_exec_starts_fresh_interpreters(monkeypatch, launcher_blas_threads):
@@ -170,7 +224,8 @@ def test_a_fork_finds_the_executor_class_by_token_without_unpickling_the_blob():
 
 
 @pytest.mark.timeout(60)
-def test_a_class_loaded_again_is_pickled_only_for_workers_that_lack_it(monkeypatch, launcher_blas_threads):
+def test_a_class_loaded_again_is_pickled_only_for_workers_that_lack_it(monkeypatch, single_threaded_launcher,
+                                                                       launcher_blas_threads):
     """A launcher running job after job loads the same class each time. The first load pickles it (before any
     fork: cloudpickle's tracking ids); later loads pickle it only when a worker needs it. Forked workers name
     the app's token in their HELLO and get no blob; fresh interpreters still get it and unpickle it."""
