@@ -433,7 +433,8 @@ print("ok")
 
 @pytest.mark.timeout(300)
 def test_preloaded_kernel_signatures_are_the_ones_the_executors_use() -> None:
-    """Importing the app loads every kernel for the argument types listed in ``SIGNATURES`` (so forked
+    """Compiling the app's ``KERNELS`` (litz warmup) loads every kernel for the argument types listed in
+    ``SIGNATURES`` (importing the app then loads them from the cache, and forked
     workers inherit them). If the executors passed other types, each worker would still load or compile its
     own specialization and the preload would be wasted: a whole job (both spanning-tree paths, both
     partitionings, every metric, the recall check) must add no signature. In a fresh process, since this
@@ -443,7 +444,9 @@ def test_preloaded_kernel_signatures_are_the_ones_the_executors_use() -> None:
 
     script = """
 import apps.hdbscan as hd
+import litz.kernels
 from apps.hdbscan import knn, tree
+litz.kernels.compile_all(hd.KERNELS)  # what `litz warmup` does; a cold cache loads nothing at import
 from tests.inprocess import InProcess
 loaded = {(m.__name__, name): getattr(m, name).signatures for m in (knn, tree) for name in m.SIGNATURES}
 assert all(len(s) == 1 for s in loaded.values()), loaded

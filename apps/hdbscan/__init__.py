@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 
 import litz
+import litz.kernels
 
 from . import data, mailbox
 from . import knn as _knn
@@ -65,12 +66,15 @@ from .settings import Settings
 
 JOIN_BUFFER_ROWS = 1 << 20  # initial rows of the local join's outgoing buffer (grows when needed)
 
-# Numba's first use in a process (its registries: 0.09 s) and loading the kernels (0.05 s) happen at import, in
-# the launcher that loads the app: the workers of a local job are forks of it and start with them done, instead
-# of each paying them again.
+# The kernels and the argument types the executors call them with (litz.kernels): `litz warmup` compiles them
+# into numba's on-disk cache, and a local job's master does before it starts workers if the cache lacks some.
+KERNELS = {_knn.__name__: _knn.SIGNATURES, _tree.__name__: _tree.SIGNATURES}
+
+# Numba's first use in a process (its registries: 0.09 s) and loading the kernels from the cache (0.05 s) happen
+# at import, in the launcher that loads the app: the workers of a local job are forks of it and start with them
+# done, instead of each paying them again. Nothing compiles here (see litz.kernels.preload).
 _knn.numba_ready()
-_knn.preload(_knn, _knn.SIGNATURES)
-_knn.preload(_tree, _tree.SIGNATURES)
+litz.kernels.preload(KERNELS)
 
 
 def _kernels():
@@ -180,6 +184,8 @@ class HDBSCANDriver(litz.Driver):
         self.load_s = max(r["load_s"] for r in results)
         self._mark("info")
         self.iteration = 0
+        # the progress line: NN-Descent iteration 3/10 (an upper bound: it stops early once it converges)
+        self.set_total(self.settings.max_iters, unit="iteration")
         self._all(lambda e: ("A", 0, {}))
 
     def _after_A(self, results: list[dict]) -> None:

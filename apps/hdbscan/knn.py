@@ -663,7 +663,7 @@ def knn_edges(ind: np.ndarray, dist: np.ndarray, core: np.ndarray, lo: int, core
     return src, dst.astype(np.int32), w.astype(np.float32)
 
 
-# The argument types the executors pass (numba's signature syntax; all arrays C-contiguous). See preload.
+# The argument types the executors pass (numba's signature syntax; all arrays C-contiguous): see litz.kernels.
 SIGNATURES = {
     "rp_tree": "(f4[:, ::1], i8, i8, i8)",
     "leaf_init": "(f4[:, ::1], i8, f8, i4[::1], i8[::1], i8, i8, i4[:, ::1], f4[:, ::1], u1[:, ::1])",
@@ -680,13 +680,3 @@ SIGNATURES = {
     "sorted_lists": "(i4[:, ::1], f4[:, ::1], b1)",
     "exact_kth": "(f4[:, ::1], i8, f8, i8[::1], i8)",
 }
-
-
-def preload(module: types.ModuleType, signatures: dict[str, str]) -> None:
-    """Load ``module``'s kernels for the types the executors pass, from numba's on-disk cache (or compile them
-    once), instead of at each one's first call. Called when the app is imported: a launcher imports it
-    before it forks its workers, and the forks inherit loaded kernels; each worker loading them itself took
-    about 45 ms of its start at 50 000 x 50, and in a launcher that runs job after job only the first job
-    pays. Calls with other types still compile on demand, as without it."""
-    for name, signature in signatures.items():
-        getattr(module, name).compile(signature)

@@ -340,7 +340,7 @@ def extract(n: int, u: np.ndarray, v: np.ndarray, w: np.ndarray, min_cluster_siz
     return label_points(parent, child, n, num_clusters, selected)
 
 
-# The argument types the executors pass (numba's signature syntax); see knn.preload.
+# The argument types the executors pass (numba's signature syntax); see litz.kernels.
 SIGNATURES = {
     "_kruskal": "(i8, i4[::1], i4[::1], f4[::1], i8[::1])",
     "boruvka_candidates": "(i4[::1], i4[::1], f4[::1], i4[::1], i8)",

@@ -147,6 +147,7 @@ class KMeansDriver(litz.Driver):
         s = self.settings
         self.ssp = SSP(self, s.staleness, s.epochs * self.per_epoch,
                        task_args=functools.partial(_train_args, per_epoch=self.per_epoch))
+        self.set_total(s.epochs, unit="epoch")  # the progress line: epoch 3/10 and an ETA
         self.ssp.start()
         if self.ssp.done:  # epochs=0: evaluate the initial centres
             self._start_eval()

@@ -63,9 +63,15 @@ from typing import Any
 import numpy as np
 
 import litz
+import litz.kernels
 
 from . import data, kernels
 from .settings import Settings
+
+# Every numba kernel of the app with the types it is called with (litz.kernels): `litz warmup` compiles them
+# into numba's on-disk cache, and a local job's master does before it starts workers if the cache lacks some.
+KERNELS = {kernels.__name__: kernels.SIGNATURES, data.__name__: data.SIGNATURES}
+litz.kernels.preload(KERNELS)  # what the cache has, loaded in the launcher: its forked workers inherit it
 
 
 def _sampler():  # noqa: ANN202 (a numba dispatcher)
@@ -161,8 +167,11 @@ class LDAExecutor(litz.Executor):
             self.ps_update_many(items + [(("totals",), nk)])
         ndk = self._doc_topics()
         t0 = time.perf_counter()
-        # compile the kernels now, with the real argument types, so sampling time is sampling time
-        _sampler()(L.word, self.z, L.run_doc, L.run_ptr, 0, 0, ndk, np.zeros((1, self.K), np.int32),
+        # compile the kernels now, with the real argument types, so sampling time is sampling time: the block
+        # read-only, as ps_get hands it out (a writable one was a second compiled version, 1.5 s more at first)
+        wt0 = np.zeros((1, self.K), np.int32)
+        wt0.flags.writeable = False
+        _sampler()(L.word, self.z, L.run_doc, L.run_ptr, 0, 0, ndk, wt0,
                    np.zeros(self.K, np.int64), L.doc_len, s.alpha, s.beta, s.beta * self.num_words, np.uint64(1))
         return {"kind": "init", "executor": self.executor_id, "tokens": L.tokens, "docs": len(L.doc_len),
                 "doc_lo": self.doc_lo, "blocks": self.blocks.num_blocks, "num_docs": self.num_docs,
@@ -338,6 +347,7 @@ class LDADriver(litz.Driver):
             if not os.access(s.output, os.W_OK):
                 raise data.DataError(f"{s.output}: the output directory is not writable")
         self.total_rounds = s.epochs * self.B
+        self.set_total(s.epochs, unit="epoch")  # the progress line: epoch 3/20 and an ETA
         self.round_limit = self.B if s.check_counts else self.total_rounds
         self.next_round = [0] * E
         self.busy = [False] * E

@@ -91,7 +91,7 @@ def synthetic_corpus(s: Settings) -> tuple[np.ndarray, np.ndarray]:
 _MALFORMED, _DOC_RANGE, _WORD_RANGE, _COUNT, _TOO_MANY = 1, 2, 3, 4, 5
 
 
-@numba.njit(cache=False, nogil=True)
+@numba.njit(cache=True, nogil=True)
 def _parse_entries(buf, pos, first_line, nnz, num_docs, num_words, doc, word, count):  # pragma: no cover
     """Parse ``doc word count`` lines from ``buf[pos:]``; returns (entries, error, line, line start)."""
     n = 0
@@ -145,7 +145,7 @@ def _parse_entries(buf, pos, first_line, nnz, num_docs, num_words, doc, word, co
     return n, 0, last, line_start
 
 
-@numba.njit(cache=False, nogil=True)
+@numba.njit(cache=True, nogil=True)
 def _line_of_entry(buf, pos, first_line, entry):  # pragma: no cover
     """The line number of the ``entry``-th (0-based) non-blank line from ``buf[pos:]``."""
     line = first_line
@@ -203,6 +203,11 @@ def read_docword(path: str) -> Corpus:
     _MEMO.clear()
     _MEMO[key] = corpus
     return corpus
+
+
+# The parsers and the types _parse calls them with (litz.kernels; declared as apps.lda.KERNELS)
+SIGNATURES = {"_parse_entries": "(u1[::1], i8, i8, i8, i8, i8, i4[::1], i4[::1], i4[::1])",
+              "_line_of_entry": "(u1[::1], i8, i8, i8)"}
 
 
 def _text_line(buf: np.ndarray, start: int) -> str:

@@ -42,8 +42,8 @@ One task = one numba call (:func:`sample_task`, around :func:`sample_block`): no
 random numbers come from an xorshift64* generator seeded per (chain seed, executor, round), so a task is a
 deterministic function of its inputs. The other helpers (initial topics, counts recomputed from ``z``,
 log-likelihood parts) are vectorised numpy, so only the sampler is compiled (about 1.3 s of CPU, once per
-machine: it is in numba's on-disk cache, see ``apps.lda._sampler``). Everything here is a module-level
-function, never an executor attribute, so executors pickle as plain numpy arrays.
+machine: it is in numba's on-disk cache, see ``apps.lda._sampler`` and :data:`SIGNATURES`). Everything here is
+a module-level function, never an executor attribute, so executors pickle as plain numpy arrays.
 """
 from __future__ import annotations
 
@@ -274,6 +274,22 @@ def sample_task(word, z, run_doc, run_ptr, r0, r1, ndk, wt_ps, nk, doc_len, alph
         elif x > hi:
             hi = x
     return wt, delta, nk - nk0, changed, lo, hi
+
+
+def _sampler_signature(ndk: type) -> tuple:
+    """``sample_task``'s argument types as the executors pass them: the block ``wt_ps`` read-only (as
+    ``ps_get`` hands it out, and as ``_init`` passes its stand-in), ``ndk`` int16 or int32
+    (:func:`doc_topic_counts`), every array C-contiguous. numba compiles one version per distinct set."""
+    a1 = numba.types.Array
+    i4, i8 = numba.int32, numba.int64
+    return (a1(i4, 1, "C"), a1(numba.int16, 1, "C"), a1(i4, 1, "C"), a1(i8, 1, "C"), i8, i8, a1(ndk, 2, "C"),
+            a1(i4, 2, "C", readonly=True), a1(i8, 1, "C"), a1(i4, 1, "C"), numba.float64, numba.float64,
+            numba.float64, numba.uint64)
+
+
+# The kernels and the types they are called with (litz.kernels; declared as apps.lda.KERNELS): `litz warmup`
+# compiles them into numba's cache ahead of the first run
+SIGNATURES = {"sample_task": [_sampler_signature(numba.int16), _sampler_signature(numba.int32)]}
 
 
 def random_topics(tokens: int, K: int, seed: int) -> np.ndarray:

@@ -92,6 +92,7 @@ class MLRDriver(litz.Driver):
         self.per_epoch = max(1, math.ceil(batches / s.batches_per_task_for(self.num_executors)))
         self.ssp = SSP(self, s.staleness, s.epochs * self.per_epoch,
                        task_args=functools.partial(_train_args, per_epoch=self.per_epoch))
+        self.set_total(s.epochs, unit="epoch")  # the progress line: epoch 3/10 and an ETA
         self.ssp.start()
         if self.ssp.done:  # epochs=0: evaluate the zero model
             self._start_eval()

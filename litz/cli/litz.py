@@ -17,6 +17,7 @@ onto server processes.
   litz master APP      cluster mode: the job's master (one per job)
   litz worker          cluster mode: a worker process (any number, join any time)
   litz server          cluster mode: a parameter-server process (any number)
+  litz warmup [APP]    compile the apps' numba kernels ahead of the first run (default: the bundled apps)
 
 APP is a module name resolved from the current directory (e.g. apps.mlr) or a path to a .py file."""
 
@@ -93,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
         if role == "server":
             p.add_argument("--memory-limit", metavar="BYTES", help="memory budget for this server's shards (e.g. "
                            "1G); the least recently used shards beyond it are spilled to local disk")
+    warm = sub.add_parser("warmup", help="compile apps' numba kernels into numba's cache ahead of the first run",
+                          description="Compile the numba kernels of each APP (default: the bundled apps) into "
+                          "numba's on-disk cache, so that their first run starts at once instead of compiling.")
+    warm.add_argument("apps", nargs="*", metavar="APP", help="module name or .py path (default: the bundled apps)")
     return parser
 
 
@@ -108,6 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     def body() -> int:
+        if args.command == "warmup":
+            from ..kernels import warmup
+
+            warmup(args.apps)
+            return 0
         if args.command == "run":
             import litz
 
