@@ -3,6 +3,17 @@
 An app subclasses :class:`Driver` (lives in the master) and :class:`Executor` (lives on some worker).
 Everything elastic is invisible from here: the runtime binds each object to a context object that
 implements the framework-provided methods, and swaps that context when the object moves.
+
+**Progress with a total.** A driver that knows how much work the job is declares it once, naming the metric
+it reports the work done under::
+
+    self.set_total(epochs, unit="epoch")   # e.g. in dispatch_initial_tasks
+    ...
+    self.report(epoch=3, loss=0.41)         # epoch 3 of them done
+
+The progress line then reads ``epoch 3/50  ETA 1m40s`` (the pace since ``set_total`` extrapolated to the rest),
+and ``litzctl status --json`` carries ``progress: {unit, done, total, eta_s}``. Call it again to change the total
+(a job that stops early on convergence may leave it as an upper bound).
 """
 from __future__ import annotations
 
@@ -44,6 +55,14 @@ class Driver:
     def report(self, **metrics: Any) -> None:
         """Record progress (objective, epoch, ...) with a timestamp; shown in the progress line and --metrics."""
         self._litz.report(metrics, clock.time())
+
+    def set_total(self, total: float, unit: str) -> None:
+        """Declare the job's total work: ``total`` units, counted by the metric ``unit`` that :meth:`report`
+        gives as the units done so far (see the module's docstring). Shows ``unit done/total`` and an ETA. A
+        stand-in runtime without a progress line (a test's, a benchmark's) may leave it out: then it does nothing."""
+        setter = getattr(self._litz, "set_total", None)
+        if setter is not None:
+            setter(total, unit)
 
     def finish(self, result: Any = None) -> None:
         """End the job; ``result`` must be JSON-serialisable."""

@@ -21,5 +21,5 @@ def run_master(app: Any, name: str, *, etcd: Any, home: str | None = None,
     app = resolve_app(app)
     membership = Membership(connect_kv(etcd, home), name)
     if secret_file or os.environ.get("LITZ_SECRET"):  # every role has it already: keep it out of etcd
-        return run_job(app, membership, job_secret(membership, secret_file), **job)
-    return run_job(app, membership, new_secret(), publish_secret=True, **job)
+        return run_job(app, membership, job_secret(membership, secret_file), home=home, **job)
+    return run_job(app, membership, new_secret(), publish_secret=True, home=home, **job)

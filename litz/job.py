@@ -5,6 +5,7 @@ Shared by ``litz run`` (children on this machine) and ``litz master`` (processes
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +15,7 @@ from .errors import LitzError
 from .joblog import JobLog
 from .master import Master
 from .membership import Membership
+from .membership.membership import litz_home
 from .outofcore import parse_bytes
 
 JOB_OPTIONS = {"name", "etcd", "shards", "output", "metrics", "progress", "start_timeout", "home", "checkpoint_dir",
@@ -51,12 +53,13 @@ def run_job(app: App, membership: Membership, secret: str, *, config: dict | Non
             publish_secret: bool = False,
             checkpoint_dir: str | None = None, checkpoint_every: float | None = None, checkpoint_keep: int = 3,
             resume: bool = False, partial_recovery: bool = False, priority_checkpoint: float | None = None,
-            memory_limit: int | str | None = None, **endpoint: Any) -> Any:
+            memory_limit: int | str | None = None, home: str | None = None, **endpoint: Any) -> Any:
     """Run the job to ``finish()`` and return its result; every process is told to stop on every way out.
 
     ``publish_secret``: put the job secret in the registry, where joining processes and litzctl (which signs
     its requests with it, :mod:`litz.control`) find it; only once this master has won the job's name, so a
-    refused second master changes nothing."""
+    refused second master changes nothing. ``home``: the Litz home directory whose ``history/NAME`` keeps the job's
+    metrics and events once it ends (default ``$LITZ_HOME``), for ``litzctl plot``."""
     joblog = JobLog(metrics, progress=progress)
     master = Master(app, membership, secret, config=dict(config or {}), num_executors=executors, num_shards=shards,
                     min_workers=min_workers, min_servers=min_servers, joblog=joblog, start_timeout=start_timeout,
@@ -75,6 +78,8 @@ def run_job(app: App, membership: Membership, secret: str, *, config: dict | Non
     try:
         if publish_secret:  # part of the master's registration: written again after a registry reset (R2)
             membership.put("secret", secret, keep=True)
+        if spawn is not None:  # local: the workers start from this machine's numba cache; fill it first if cold
+            master.compile_kernels()
         if on_registered:
             on_registered()
         result = master.run()
@@ -92,6 +97,16 @@ def run_job(app: App, membership: Membership, secret: str, *, config: dict | Non
                 "elapsed_s": round(joblog.elapsed(), 4), "tasks_completed": master.tasks_completed,
                 "workers": len(master.workers), "servers": len(master.servers), "executors": master.num_executors})
         joblog.close()
+        save_history(joblog, home, membership.job, master.history)
         membership.unregister()
         membership.clear()
         master.close()
+
+
+def save_history(joblog: JobLog, home: str | None, name: str, samples: list[dict]) -> None:
+    """Keep the ended job's history for ``litzctl plot``; a failure to write it only warns (the job's result
+    matters more)."""
+    try:
+        joblog.save_history(home or litz_home(), name, samples)
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(f"litz: warning: cannot keep the job's history for litzctl plot: {exc}\n")

@@ -185,7 +185,7 @@ def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = No
         # registry is this user's alone (litz.private); in etcd it is as exposed as a cluster master's secret
         return run_job(app, membership, secret, config=config, executors=executors, min_workers=workers,
                        min_servers=servers, supervise=children.dead, spawn=children.start,
-                       on_registered=start_children, on_exit=children.stop, publish_secret=True,
+                       on_registered=start_children, on_exit=children.stop, publish_secret=True, home=home,
                        listen=listen_address(local_dir=children.local_dir), **options)
     finally:
         children.close_forks()  # when the job never started its children (refused, bad etcd address)

@@ -29,6 +29,7 @@ from .endpoint import listen_host
 from .errors import LitzError, RegistryUnavailable, app_code, app_error
 from .guard import BadMessage
 from .joblog import JobLog, check_json
+from .kernels import FIRST_RUN, app_kernels, compile_all, preload, watch
 from .membership import Membership
 from .outofcore import parse_bytes
 from .placement import leaving_first, plan_moves
@@ -164,6 +165,8 @@ class Master(Process):
                                  priority=priority_checkpoint)
         self.memory_limit = memory_limit  # per worker, for executor state (out-of-core beyond it)
         self.history: list[dict] = []  # status samples over time, for litzctl plot
+        self.compiling: str | None = None  # the numba kernel this process compiles now (litz.kernels)
+        self._compiles = [0, 0]  # kernels compile_kernels has started, of how many
         self.resume = resume
         self.wake_host = listen_host(self.listen)
         self.wake = open_wake_socket(endpoint.get("bind_host") or self.wake_host) if wake else None
@@ -239,11 +242,12 @@ class Master(Process):
             if now - last_status > STATUS_EVERY_S:
                 last_status = now
                 self.publish_status()
-            self.joblog.show(self.tasks_completed, self.rate(), len(self.workers), len(self.servers))
+            self.show_progress()
         self.state = "finished" if self.state == "running" else self.state
         self.recovery.failures.settle()  # checkpoint failures and refused requests counted and not told yet
         self.refused_requests.settle()
-        self.joblog.show(self.tasks_completed, self.rate(), len(self.workers), len(self.servers), force=True)
+        self.joblog.ended = True  # no ETA on the last line: a total that was an upper bound stays unreached
+        self.show_progress(force=True)
         self.joblog.end_progress(self.state)
         return self.result
 
@@ -460,6 +464,7 @@ class Master(Process):
             member = self.workers.get(sender) or self.servers.get(sender)
             if member is not None:
                 member.stats = msg[1]
+                self.on_compile_notice(sender, msg[1])
         elif tag == P.MOVED:
             self.on_executor_moved(sender, msg[1], msg[2])
         elif tag == P.INPUT_READY:
@@ -523,6 +528,8 @@ class Master(Process):
         self.addresses[ident] = info["address"]
         members = self.workers if role == "worker" else self.servers
         members[ident] = Member(ident, role, {**registered, **info, "id_taken": id_taken})
+        if isinstance(info.get("stats"), dict):  # its memory from the first --metrics row on, not after a second
+            members[ident].stats = info["stats"]
         self.membership.note_ids([ident])
         pid = members[ident].info.get("pid")
         self.spawning = [s for s in self.spawning if getattr(s[1], "pid", None) != pid]
@@ -621,6 +628,9 @@ class Master(Process):
                   "executor_state_bytes": sum(m.stats.get("state_bytes") or 0 for m in self.workers.values()),
                   "evicted_executors": sum(len(m.stats.get("evicted") or ()) for m in self.workers.values())}
         self.joblog.report(metrics, t, len(self.workers), len(self.servers), memory)
+
+    def set_total(self, total: float, unit: str) -> None:
+        self.joblog.set_total(total, unit)
 
     def finish(self, result: Any) -> None:
         self.result = check_json(result, "finish() result")
@@ -992,6 +1002,7 @@ class Master(Process):
                     message = self.recovery.request()
                 elif command == "plot":
                     self.membership.respond(rid, {"ok": True, "message": "history", "history": self.history,
+                                                  "metrics": list(self.joblog.rows)[-2000:],
                                                   "events": self.joblog.events[-1000:], "name": self.membership.job})
                     continue
                 elif command == "memory-limit":
@@ -1035,6 +1046,59 @@ class Master(Process):
         t0, c0 = samples[0]
         return (self.tasks_completed - c0) / max(now - t0, 1e-9)
 
+    # -- numba kernels compiling (litz.kernels): the first run of an app, before its cache has them -------------
+    def compiling_now(self) -> dict[str, str]:
+        """Process -> the kernel it compiles now: what a job that shows no progress yet is doing."""
+        busy = {m.ident: m.stats["compiling"] for m in self.workers.values() if m.stats.get("compiling")}
+        return {"master": self.compiling, **busy} if self.compiling else busy
+
+    def phase(self) -> str | None:
+        busy = self.compiling_now()
+        if not busy:
+            return None
+        by_kernel: dict[str, list[str]] = defaultdict(list)
+        for ident, kernel in busy.items():
+            by_kernel[kernel].append(ident)
+        return f"{FIRST_RUN}: " + ", ".join(f"{k} on {' '.join(p)}" for k, p in by_kernel.items())
+
+    def show_progress(self, force: bool = False) -> None:
+        self.joblog.show(self.tasks_completed, self.rate(), len(self.workers), len(self.servers), force=force,
+                         phase=self.phase())
+
+    def on_compile_notice(self, sender: str, stats: dict) -> None:
+        """A worker's STATS sent as a kernel starts or ends compiling: redraw at once, log each as an event."""
+        done = stats.get("compiled")
+        if isinstance(done, (list, tuple)) and len(done) == 2:
+            self.joblog.event("compile", process=sender, kernel=str(done[0]), seconds=round(float(done[1]), 3))
+        if "compiled" in stats or stats.get("compiling"):
+            self.show_progress(force=True)
+
+    def compile_notice(self, kind: str, kernel: str, seconds: float) -> None:
+        """This process compiles a kernel (litz.kernels.watch): the status and the progress line say so."""
+        if kind == "start":
+            self._compiles[0] += 1
+            done, todo = self._compiles
+            self.compiling = f"{kernel} ({done}/{todo})" if todo > 1 else kernel
+            self.show_progress(force=True)
+        else:
+            self.compiling = None
+            self.joblog.event("compile", process="master", kernel=kernel, seconds=round(seconds, 3))
+        self.publish_status()
+
+    def compile_kernels(self) -> None:
+        """Before a local job starts its workers: compile the app's declared kernels its cache lacks, here, once,
+        with the status saying so; the workers then load them from the cache instead of each compiling them
+        with nothing to show (a cold cache: the first run of an app, or after ``pip install``)."""
+        declared = app_kernels(self.app.module)
+        missing = preload(declared) if declared else []
+        if missing:
+            self._compiles = [0, len(missing)]
+            previous = watch(self.compile_notice)
+            try:
+                compile_all(declared)
+            finally:
+                watch(previous)
+
     def status(self) -> dict:
         owned: dict[str, list[int]] = defaultdict(list)
         for e, w in enumerate(self.executor_owner):
@@ -1054,6 +1118,8 @@ class Master(Process):
             "moving": {"executors": len(self.moving_executors) + len(self.copying_input),
                        "shards": len(self.moving_shards)},
             "report": self.joblog.last_report,
+            "progress": self.joblog.progress_now(),  # Driver.set_total: {unit, done, total, eta_s}
+            "compiling": self.compiling_now(),  # process -> the numba kernel it compiles (a cold cache)
             "workers": [{"id": m.ident, "pid": m.info.get("pid"), "host": m.info.get("host"), "state": m.state,
                          "address": m.info.get("address"),
                          "executors": owned.get(m.ident, []), "memory": m.stats.get("rss"),

@@ -76,6 +76,10 @@ def serve(role: str, name: str, *, etcd: Any = None, home: str | None = None,
     signal.signal(signal.SIGTERM, lambda *_: proc.request_drain())
     if local:  # the parent died: the launcher, whose process ran the master, is gone, and the job with it
         signal.signal(signal.SIGHUP, lambda *_: proc.leave_now())
+    if role == "worker":  # a kernel compiling in a task (a cold numba cache) shows in the job's status
+        from . import kernels
+
+        kernels.watch(proc.compile_notice)
     membership.register(role, ident, {"address": proc.endpoint.address})
     try:
         proc.run(start_timeout)

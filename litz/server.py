@@ -61,7 +61,7 @@ class Server(Process):
         self.running_ckpt = RunningCheckpoint()
 
     def run(self, start_timeout: float = 600.0) -> None:
-        self.send("master", (P.HELLO, P.VERSION, "server", {"address": self.endpoint.address}))
+        self.send("master", (P.HELLO, P.VERSION, "server", {"address": self.endpoint.address, "stats": self.stats()}))
         self.await_welcome(start_timeout)
         ep = self.endpoint
         last_check = clock.time()

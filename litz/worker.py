@@ -16,7 +16,7 @@ from typing import Any
 import cloudpickle
 import greenlet
 
-from . import clock, process, wire
+from . import clock, kernels, process, wire
 from . import protocol as P
 from .api import Executor, held_input
 from .appload import load_executor_class, loaded_tokens
@@ -113,11 +113,12 @@ class Worker(Process):
         self.next_fid = 0
         self.running = True
         self.tasks_run = 0
+        self.compiling: str | None = None  # the numba kernel a task is compiling now (compile_notice)
 
     # -- event loop ----------------------------------------------------------------------------------
     def run(self, start_timeout: float = 600.0) -> None:
         self.send("master", (P.HELLO, P.VERSION, "worker", {"address": self.endpoint.address,
-                                                             "app_tokens": loaded_tokens()}))
+                                                             "app_tokens": loaded_tokens(), "stats": self.stats()}))
         self.await_welcome(start_timeout)
         last_check = clock.time()
         while self.running:
@@ -191,6 +192,7 @@ class Worker(Process):
             _, blob, token, self.config, self.num_executors = msg
             try:
                 self.executor_cls = load_executor_class(blob, token)
+                kernels.ensure_watching()  # the app may have imported numba just now
             except LitzError:
                 raise
             except Exception as exc:  # the app's module cannot be imported here (a package missing on this machine)
@@ -233,7 +235,16 @@ class Worker(Process):
         res = self.residency
         return {"rss": process.resident_bytes(), "executors": len(self.executors) + len(res.spilled),
                 "cache_keys": len(self.cache), "tasks_run": self.tasks_run, "budget": res.budget,
-                "state_bytes": res.resident(), "evicted": sorted(res.spilled)}
+                "state_bytes": res.resident(), "evicted": sorted(res.spilled), "compiling": self.compiling}
+
+    def compile_notice(self, kind: str, kernel: str, seconds: float) -> None:
+        """A task's first call of a numba kernel compiles it (litz.kernels.watch: the cache lacks it): tell the
+        master now, before the compile holds this process for seconds, and again when it is done."""
+        self.compiling = kernel if kind == "start" else None
+        stats = self.stats()
+        if kind == "end":
+            stats["compiled"] = [kernel, round(seconds, 3)]
+        self.send("master", (P.STATS, stats))
 
     # -- out-of-core -----------------------------------------------------------------------------------
     def memory_event(self, kind: str, eid: int, nbytes: int, seconds: float) -> None:
@@ -433,6 +444,7 @@ class Worker(Process):
             self.executors[eid] = ex
             self.residency.add(eid, ex)
             ready.append(eid)
+        self.send("master", (P.STATS, self.stats()))  # the memory with the input loaded, before the job starts
         self.send("master", (P.READY, ready))
         if self.residency.budget is not None:
             self.enforce_budget()

@@ -50,8 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     kl.add_argument("--signal", type=int, default=9, help="signal to send (default 9, SIGKILL)")
     ml = sub.add_parser("memory-limit", help="change the per-worker memory budget")
     ml.add_argument("bytes", help="bytes, or a number with K, M, G (e.g. 512M)")
-    pl = sub.add_parser("plot", help="plot progress and processes over time")
-    pl.add_argument("out", metavar="OUT.png")
+    pl = sub.add_parser("plot", help="plot metrics, processes and events over time (also of an ended job)")
+    pl.add_argument("out", metavar="OUT.png", help="the image to write (.png, .svg, .pdf)")
     return p
 
 
@@ -60,6 +60,13 @@ def format_status(st: dict) -> str:
              f"{st['tasks_completed']} tasks, {st['tasks_per_s']:,.0f} tasks/s",
              f"  {st['executors']} executors, {st['shards']} shards; last report: "
              + (", ".join(f"{k}={v}" for k, v in st.get("report", {}).items()) or "none")]
+    if st.get("compiling"):  # a cold numba cache (litz.kernels)
+        lines.append("  compiling kernels (first run only): "
+                     + ", ".join(f"{k} on {p}" for p, k in st["compiling"].items()))
+    if st.get("progress"):  # Driver.set_total
+        p = st["progress"]
+        eta = "" if p.get("eta_s") is None else f", ETA {p['eta_s']:.0f} s"
+        lines.append(f"  {p['unit']} {p['done']}/{p['total']}{eta}")
     if st.get("checkpointing"):
         held = st["checkpointing"]
         lines.append(f"  checkpoint under way: dispatch held for {held['held_s']:.1f} s, "
@@ -121,6 +128,18 @@ def wake(master: dict) -> None:
         pass
 
 
+def plot_ended(name: str, out: str) -> int:
+    from ..membership.membership import litz_home
+    from .plot import load_history, plot_history
+
+    doc = load_history(litz_home(), name)
+    if doc is None:
+        raise LitzError(f"no running job named {name!r}, and no history of an ended one in {litz_home()}/history")
+    plot_history(doc, out)
+    print(f"wrote {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
@@ -134,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
             raise LitzError("--name is required (see `litzctl list`)")
         job = Membership(kv, args.name)
         master = job.master()
+        if master is None and args.command == "plot":  # an ended job: its history, if this machine kept it
+            return plot_ended(args.name, args.out)
         if master is None:
             raise LitzError(f"no running job named {args.name!r}"
                             + (f" in etcd at {args.etcd}" if args.etcd else " in the local registry"))
