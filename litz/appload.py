@@ -76,6 +76,9 @@ def load_executor_class(blob: bytes | None, token: str | None = None) -> type:
         return cls
     if blob is None:
         raise LitzError("the master sent no executor class, and this process has not loaded the app")
+    from .kernels import ensure_cache_dir
+
+    ensure_cache_dir()  # the class's module may import numba kernels with cache=True (see load_app)
     cls, files = cloudpickle.loads(blob)
     _restore_filenames(cls, files, set())
     return cls
@@ -138,6 +141,9 @@ def _import(spec: str) -> ModuleType:
 
 
 def load_app(spec: str) -> App:
+    from .kernels import ensure_cache_dir
+
+    ensure_cache_dir()  # an app's numba kernels with cache=True fail to import where numba has no writable cache
     try:
         module = _import(spec)
     except LitzError:

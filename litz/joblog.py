@@ -49,8 +49,7 @@ class JobLog:
         self.stream = stream or sys.stderr  # looked up now: a default argument would pin the one at import
         self._tty = self.stream.isatty()
         self._last_line = 0.0
-        every = os.environ.get("LITZ_PROGRESS_EVERY")  # seconds between lines (default 0.5 on a terminal, else 5)
-        self._every = float(every) if every else (0.5 if self._tty else 5.0)
+        self._every = _seconds(os.environ.get("LITZ_PROGRESS_EVERY"), 0.5 if self._tty else 5.0)
         self._metrics = open(metrics_path, "a", buffering=1) if metrics_path else None
         self.total: float | None = None  # Driver.set_total: the job's total work, in ``unit``s
         self.unit = ""
@@ -207,6 +206,15 @@ def prune_history(root: str, keep: int | None = None) -> None:
     finished.sort()
     for _, path in finished[:max(len(finished) - keep, 0)]:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _seconds(text: str | None, default: float) -> float:
+    """``$LITZ_PROGRESS_EVERY``: seconds between progress lines; unset or not a number >= 0: ``default``."""
+    try:
+        value = float(text) if text else default
+    except ValueError:
+        return default
+    return value if value >= 0 else default
 
 
 def _duration(seconds: float) -> str:

@@ -17,7 +17,8 @@ those argument types: tens of seconds of CPU for an app's kernels, in which a jo
 
 Where the cache lives is numba's choice: ``__pycache__`` next to the kernel's source when that directory is
 writable, else numba's user-wide cache (``~/.cache/numba``), or ``$NUMBA_CACHE_DIR`` when set. An installed
-package in a read-only site-packages therefore still gets a cache, per user. ``numba.pycc`` (ahead-of-time
+package in a read-only site-packages therefore still gets a cache, per user; when neither is writable
+:func:`ensure_cache_dir` points ``$NUMBA_CACHE_DIR`` at a private directory of ours. ``numba.pycc`` (ahead-of-time
 compiled extension modules) is deprecated in numba and would need a C toolchain at install: the cache filled
 by ``litz warmup`` gives the same first run.
 
@@ -26,11 +27,16 @@ numba is imported only by apps that use it: nothing here imports it until an app
 from __future__ import annotations
 
 import importlib
+import os
+import stat
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from .private import private_dir
 
 FIRST_RUN = "compiling kernels (first run only)"
 
@@ -43,6 +49,42 @@ _local = threading.local()  # .cached_only: True inside preload (a compile would
 
 class ColdCache(Exception):
     """Raised inside numba's compile by :func:`preload`: the kernel is not in the cache, and is left for later."""
+
+
+def ensure_cache_dir() -> str | None:
+    """Give numba a writable cache when neither of its own places is: with ``cache=True`` and no writable place a
+    kernel's module fails to import ("cannot cache function"), as for a package in a read-only site-packages run
+    by a user whose home is not writable (a container's arbitrary user). Only when ``$NUMBA_CACHE_DIR`` is unset
+    and numba's per-user cache (``$XDG_CACHE_HOME/numba``, ``~/.cache/numba``) cannot be made: then
+    ``$TMPDIR/litz-numba-UID``, made 0700 and used only if this user owns it with that mode (another user's
+    directory there could hand us compiled code), else a fresh private temporary directory. Call before an
+    app imports numba; returns the directory it set, or None."""
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return None
+    user = os.path.join(os.getenv("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "numba")  # numba's appdirs
+    if _writable_dir(user):
+        return None
+    path = os.path.join(tempfile.gettempdir(), f"litz-numba-{os.getuid()}")
+    try:
+        private_dir(path)
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) != 0o700:
+            raise OSError("not this user's private directory")
+    except OSError:
+        path = tempfile.mkdtemp(prefix="litz-numba-")
+    os.environ["NUMBA_CACHE_DIR"] = path
+    if "numba" in sys.modules:  # read at numba's import: tell a numba already imported too
+        sys.modules["numba"].config.CACHE_DIR = path
+    return path
+
+
+def _writable_dir(path: str) -> bool:
+    try:
+        os.makedirs(path, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()  # what numba's locator tries
+        return True
+    except OSError:
+        return False
 
 
 def kernel_name(dispatcher: Any) -> str:

@@ -333,9 +333,12 @@ class Master(Process):
             except Exception:
                 pass
 
-    def _pump(self, until: Callable[[], bool], what: Callable[[], str]) -> None:
+    def _pump(self, until: Callable[[], bool], what: Callable[[], str], doing: Callable[[], str]) -> None:
+        """Handle messages until ``until()``; ``what()`` says why if it times out, ``doing()`` is the progress
+        line's phase meanwhile (a job loading its input shows so, not nothing)."""
         deadline = clock.time() + self.start_timeout
         while not until():
+            self.joblog.show(self.tasks_completed, 0.0, len(self.workers), len(self.servers), phase=doing())
             self.pump(0.1)
             dead = self.supervise() if self.supervise else []
             if dead:
@@ -347,7 +350,9 @@ class Master(Process):
         self._pump(lambda: len(self.workers) >= self.min_workers and len(self.servers) >= self.min_servers,
                    lambda: f"job did not start: {len(self.workers)} of {self.min_workers} workers and "
                            f"{len(self.servers)} of {self.min_servers} servers joined within "
-                           f"{self.start_timeout:.0f} s")
+                           f"{self.start_timeout:.0f} s",
+                   lambda: f"starting: {len(self.workers)} of {self.min_workers} workers and {len(self.servers)} of "
+                           f"{self.min_servers} servers joined")
 
     def place_and_create(self, create: bool = True) -> None:
         workers, servers = sorted(self.workers), sorted(self.servers)
@@ -363,7 +368,9 @@ class Master(Process):
         for ident in workers:
             self.join_worker(ident, [e for e in range(n) if self.executor_owner[e] == ident] if create else [])
         self._pump(lambda: all(m.ready for m in self.workers.values()),
-                   lambda: f"executors were not ready within {self.start_timeout:.0f} s")
+                   lambda: f"executors were not ready within {self.start_timeout:.0f} s",
+                   lambda: f"starting: loading input ({sum(m.ready for m in self.workers.values())} of "
+                           f"{len(self.workers)} workers ready)")
 
     def join_worker(self, ident: str, executors: list[int]) -> None:
         member = self.workers[ident]

@@ -101,3 +101,33 @@ def test_a_worker_that_compiles_says_so(tmp_path, cold_cache):
     assert f"{FIRST_RUN}: " in res.stderr and "weighted_sum on w0" in res.stderr, res.stderr
     done = compiles(out)
     assert len(done) == 1 and done[0][0] == "w0" and done[0][1].endswith("weighted_sum"), done
+
+
+@pytest.mark.timeout(120)
+def test_numba_gets_a_private_cache_where_its_own_places_are_not_writable(tmp_path):
+    """A user whose home cannot hold numba's per-user cache (and a read-only site-packages): the app still
+    imports, with $NUMBA_CACHE_DIR pointed at a private directory; where numba's own place is writable, it
+    is left alone."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    script = ("import os; from litz.kernels import ensure_cache_dir; print(ensure_cache_dir()); "
+              "print(os.environ.get('NUMBA_CACHE_DIR'))")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    import subprocess
+    import sys
+
+    def run(**extra):
+        res = subprocess.run([sys.executable, "-c", script], env={**env, **extra}, capture_output=True, text=True,
+                             timeout=60, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        assert res.returncode == 0, res.stderr
+        return res.stdout.split()
+
+    chosen, set_to = run(XDG_CACHE_HOME=str(blocker / "cache"), TMPDIR=str(tmp))
+    assert chosen == set_to == str(tmp / f"litz-numba-{os.getuid()}")
+    assert (os.stat(chosen).st_mode & 0o777) == 0o700
+    os.chmod(chosen, 0o755)  # not private: never used, a fresh private directory instead
+    chosen, _ = run(XDG_CACHE_HOME=str(blocker / "cache"), TMPDIR=str(tmp))
+    assert chosen.startswith(str(tmp / "litz-numba-")) and chosen != str(tmp / f"litz-numba-{os.getuid()}")
+    assert run(XDG_CACHE_HOME=str(tmp_path / "cache")) == ["None", "None"]

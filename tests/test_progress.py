@@ -107,8 +107,9 @@ def test_plot_after_the_job_ended(tmp_path, litz_home):
     """The job's history stays in $LITZ_HOME/history/NAME (private), and `litzctl plot` draws it once the job is
     gone: loss and accuracy on axes of their own, every checkpoint's line named."""
     name = "plot-after"
-    res = run_cli(["litz", "run", *MLR, "epochs=8", "--name", name, "--no-progress",
-                   "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "0.3"], timeout=170)
+    res = run_cli(["litz", "run", "apps.mlr", "--config", "synthetic=1", "n=100000", "n_test=2000", "epochs=8",
+                   "--name", name, "--no-progress", "--checkpoint-dir", str(tmp_path / "ckpt"),
+                   "--checkpoint-every", "0.1"], timeout=170)
     assert res.returncode == 0, res.stderr
     hist = litz_home / "history" / name
     assert stat.S_IMODE(hist.stat().st_mode) == 0o700

@@ -138,5 +138,5 @@ def _mark_events(axes: list, events: list[dict]) -> None:
         if labelled < MAX_LABELS:
             labelled += 1
             top = axes[0]
-            top.text(ev["t"], 1.0, f" {ev['kind'].replace('_', '-')}", transform=top.get_xaxis_transform(),
+            top.text(ev["t"], 1.0, f" {ev['kind']}", transform=top.get_xaxis_transform(),
                      rotation=90, va="top", ha="right", fontsize=7, color=colour)
