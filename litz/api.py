@@ -112,7 +112,8 @@ class Executor:
         self._litz.ps_update_many(items)
 
     def signal_task_completion(self, result: Any = None) -> None:
-        """Complete the running micro-task with ``result``; its return value is then ignored."""
+        """Make ``result`` the running micro-task's result (sent when the task ends); its return value is then
+        ignored."""
         self._litz.signal_task_completion(result)
 
     def __getstate__(self) -> dict:
