@@ -49,6 +49,16 @@ class Driver:
         """Queue a micro-task for ``executor``; it observes every update of every task already completed."""
         self._litz.dispatch_task(executor, args)
 
+    def ps_get(self, key: Hashable) -> Any:
+        """The value of ``key`` (read-only numpy array or number), or None if never updated. It holds every update
+        of every task whose completion the driver has seen; the driver only reads (docs/design.md, D1). A loss
+        while it waits rolls the job back to its last checkpoint, whose driver reads again (D2)."""
+        return self._litz.driver_get_many([key])[0]
+
+    def ps_get_many(self, keys: Iterable[Hashable]) -> list:
+        """:meth:`ps_get` of several keys, asked of their servers at once."""
+        return self._litz.driver_get_many(list(keys))
+
     def report(self, **metrics: Any) -> None:
         """Record progress (objective, epoch, ...) with a timestamp; shown in the progress line and --metrics."""
         self._litz.report(metrics, clock.time())
