@@ -139,14 +139,14 @@ def main() -> int:
             "checkpoint_cost": [
                 f"1 per epoch: pause {med['pause_s'] * 1e3:.0f} ms (p90 {med['pause_p90_s'] * 1e3:.0f} ms), "
                 f"{med['bytes'] / 1e3:.0f} kB; training {med['checkpoints_s']:.1f} s",
-                f"no checkpoints: {med['none_s']:.1f} s", f"{med['slowdown']:.3f}x", "none set (issue 4)", "-",
+                f"no checkpoints: {med['none_s']:.1f} s", f"{med['slowdown']:.3f}x", "none set", "-",
                 _table.today()],
             "checkpoint_cost recovery": [
                 f"killed worker: recovery {med['recovery_s']:.2f} s (+{med['detect_s']:.2f} s to notice), "
                 f"failure costs {med['failure_cost_s']:.1f} s in all",
                 f"same run without the kill: {med['checkpoints_s']:.1f} s",
                 f"{med['kill_s'] / med['checkpoints_s']:.3f}x",
-                "recovers (issue 4)", _table.yes_no(all_recovered), _table.today()]})
+                "recovers", _table.yes_no(all_recovered), _table.today()]})
     return 0
 
 

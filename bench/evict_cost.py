@@ -201,7 +201,7 @@ def main() -> int:
                 f"write+fsync {cells('raw_write_fsync_ms_per_mb')} ms/MB (write to page cache "
                 f"{cells('raw_write_ms_per_mb')})",
                 f"{cells('evict_vs_write_fsync')}x (vs write alone {cells('evict_vs_write', '{:.1f}')}x)",
-                "none set (issue 7)", "-", _table.today()],
+                "none set", "-", _table.today()],
             "evict_cost load": [
                 f"{cells('load_ms_per_mb')} ms/MB at {sizes} MB executors ({cells('load_mb_per_s', '{:.0f}')} MB/s); "
                 f"a miss costs a task {cells('miss_ms_per_task', '{:.0f}')} ms "
@@ -209,7 +209,7 @@ def main() -> int:
                 f"read from page cache {cells('raw_read_cache_ms_per_mb')} ms/MB (from disk "
                 f"{cells('raw_read_disk_ms_per_mb')})",
                 f"{cells('load_vs_read_cache')}x (vs disk {cells('load_vs_read_disk')}x)",
-                "none set (issue 7)", "-", _table.today()]})
+                "none set", "-", _table.today()]})
     return 0
 
 

@@ -114,10 +114,16 @@ def make(tmp: str, n: int) -> str:
     return path
 
 
+def labels_of(path: str) -> np.ndarray:
+    """Labels from a baseline's .npy, or from a Litz model file (.npz, apps/modelfile.py)."""
+    loaded = np.load(path)
+    return loaded["labels"] if hasattr(loaded, "files") else loaded
+
+
 def fm(a: str, b: str) -> float:
     from sklearn.metrics import fowlkes_mallows_score
 
-    return round(float(fowlkes_mallows_score(np.load(a), np.load(b))), 4)
+    return round(float(fowlkes_mallows_score(labels_of(a), labels_of(b))), 4)
 
 
 def med(xs: list[float]) -> float:

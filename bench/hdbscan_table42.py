@@ -51,7 +51,7 @@ def main() -> int:
     dims = [int(x) for x in args.dims.split(",")] if args.dims else ([2, 5] if args.quick else list(range(1, 11)))
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "labels.npy")
+        out = os.path.join(tmp, "model.npz")  # apps/modelfile.py
         for d in dims:
             for seed in range(args.repeats):
                 X, _ = synthetic(n, d, clusters, 0.2, seed=seed)
@@ -65,9 +65,10 @@ def main() -> int:
                 t = time.perf_counter()
                 res = litz.run("apps.hdbscan", workers=2, servers=1, executors=2, config=config, progress=False)
                 litz_s = time.perf_counter() - t
-                fm = fowlkes_mallows_score(ref, np.load(out))
+                labels = np.load(out)["labels"]
+                fm = fowlkes_mallows_score(ref, labels)
                 run = {"d": d, "seed": seed, "fm": round(fm, 4),
-                       "fm_vs_default_hdbscan": round(fowlkes_mallows_score(approx, np.load(out)), 4),
+                       "fm_vs_default_hdbscan": round(fowlkes_mallows_score(approx, labels), 4),
                        "fm_default_vs_exact_hdbscan": round(fowlkes_mallows_score(approx, ref), 4),
                        "clusters_litz": res["clusters"],
                        "clusters_hdbscan": int(ref.max() + 1), "noise_litz": res["noise_fraction"],

@@ -13,7 +13,7 @@ Raw ZeroMQ, two processes on loopback, pyzmq zero-copy (``copy=False``) 1 MiB me
 ``get`` = the DEALER sends a tiny request, the ROUTER replies with a 1 MiB array; ``update`` = the DEALER
 pushes 1 MiB arrays, the ROUTER acks each one. Windows of 1, 4 and 16 outstanding messages are measured and
 the best is the baseline, once without security ("plain", the target's baseline) and once with CURVE,
-which Litz uses on every socket (DESIGN.md: authenticated transport), to separate the cost of encryption
+which Litz uses on every socket (README.md, "Running on several machines"), to separate the cost of encryption
 from the cost of Litz.
 
 Litz runs with its default transport for one machine, Unix sockets without CURVE, where large frames go

@@ -15,3 +15,8 @@ def __getattr__(name: str) -> Any:
 
         return run
     raise AttributeError(f"module 'litz' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """``dir(litz)`` and completion list ``run`` too, though it is loaded on first use."""
+    return sorted(set(globals()) | set(__all__))

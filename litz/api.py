@@ -1,4 +1,4 @@
-"""The application-facing API (thesis Table 4.1, DESIGN.md §1).
+"""The application-facing API (thesis Table 4.1; README.md, "An app in twenty lines").
 
 An app subclasses :class:`Driver` (lives in the master) and :class:`Executor` (lives on some worker).
 Everything elastic is invisible from here: the runtime binds each object to a context object that
@@ -24,7 +24,12 @@ from . import clock
 
 
 class Driver:
-    """Dispatches micro-tasks to executors and reacts to their completion."""
+    """Dispatches micro-tasks to executors and reacts to their completion.
+
+    One object, in the master; its handlers are called one at a time. Set by the runtime before
+    :meth:`dispatch_initial_tasks`: ``config``, the job's configuration (``--config KEY=VALUE``, or
+    ``litz.run(config=...)``), and ``num_executors``, how many executors the job has (``--executors``).
+    """
 
     config: dict
     num_executors: int
@@ -32,9 +37,12 @@ class Driver:
 
     # -- defined by the application ------------------------------------------------------------------
     def dispatch_initial_tasks(self) -> None:
+        """Called once when the job starts (not again after a recovery): dispatch the first tasks."""
         raise NotImplementedError("the Driver must define dispatch_initial_tasks()")
 
     def handle_task_completion(self, result: Any) -> None:
+        """Called once per completed task with what its ``run_task`` returned (or signalled): dispatch
+        what follows, ``report`` progress, ``finish`` when done."""
         raise NotImplementedError("the Driver must define handle_task_completion(result)")
 
     def handle_partial_recovery(self, info: dict) -> bool | None:
@@ -51,6 +59,16 @@ class Driver:
     def dispatch_task(self, executor: int, args: Any = None) -> None:
         """Queue a micro-task for ``executor``; it observes every update of every task already completed."""
         self._litz.dispatch_task(executor, args)
+
+    def ps_get(self, key: Hashable) -> Any:
+        """The value of ``key`` (read-only numpy array or number), or None if never updated. It holds every update
+        of every task whose completion the driver has seen; the driver only reads (docs/design.md, D1). A loss
+        while it waits rolls the job back to its last checkpoint, whose driver reads again (D2)."""
+        return self._litz.driver_get_many([key])[0]
+
+    def ps_get_many(self, keys: Iterable[Hashable]) -> list:
+        """:meth:`ps_get` of several keys, asked of their servers at once."""
+        return self._litz.driver_get_many(list(keys))
 
     def report(self, **metrics: Any) -> None:
         """Record progress (objective, epoch, ...) with a timestamp; shown in the progress line and --metrics."""
@@ -75,7 +93,13 @@ class Driver:
 
 
 class Executor:
-    """A logical unit of input data and state; the runtime maps executors onto worker processes."""
+    """A logical unit of input data and state; the runtime maps executors onto worker processes.
+
+    Set by the runtime before :meth:`load_input`, and kept when the executor moves: ``executor_id``, its
+    number ``0 .. num_executors - 1`` (what ``Driver.dispatch_task`` names), ``num_executors`` and
+    ``config`` (as the driver's). Attributes named in ``input_attrs`` are input data, re-created by
+    ``load_input`` and never checkpointed; every other attribute is state, checkpointed and moved.
+    """
 
     input_attrs: tuple = ()
     executor_id: int
@@ -88,6 +112,8 @@ class Executor:
         """Load this executor's partition of the input (shared storage or a generator)."""
 
     def run_task(self, args: Any) -> Any:
+        """Run one micro-task with the ``args`` it was dispatched with; the return value goes to the driver's
+        ``handle_task_completion`` once the task's updates are on the servers."""
         raise NotImplementedError("the Executor must define run_task(args)")
 
     # -- provided by the framework -------------------------------------------------------------------
@@ -97,6 +123,8 @@ class Executor:
         return self._litz.ps_get(key)
 
     def ps_get_many(self, keys: Iterable[Hashable]) -> list:
+        """The values of ``keys``, in order, as :meth:`ps_get` gives them; fetched together, so one round trip
+        per server instead of one per key."""
         return self._litz.ps_get_many(list(keys))
 
     def ps_update(self, key: Hashable, delta: Any) -> None:
@@ -109,10 +137,12 @@ class Executor:
         self._litz.ps_update(key, delta)
 
     def ps_update_many(self, items: Iterable[tuple]) -> None:
+        """:meth:`ps_update` for each ``(key, delta)`` pair of ``items``."""
         self._litz.ps_update_many(items)
 
     def signal_task_completion(self, result: Any = None) -> None:
-        """Complete the running micro-task with ``result``; its return value is then ignored."""
+        """Make ``result`` the running micro-task's result (sent when the task ends); its return value is then
+        ignored."""
         self._litz.signal_task_completion(result)
 
     def __getstate__(self) -> dict:

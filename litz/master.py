@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -23,6 +23,7 @@ import numpy as np
 from . import clock
 from . import protocol as P
 from .appload import App
+from .cache import read_only
 from .checkpoint import CheckpointStore
 from .control import Refusal, RequestVerifier
 from .endpoint import listen_host
@@ -30,6 +31,7 @@ from .errors import LitzError, RegistryUnavailable, app_code, app_error
 from .guard import BadMessage
 from .joblog import JobLog, check_json
 from .kernels import FIRST_RUN, app_kernels, compile_all, preload, watch
+from .keys import ShardMap
 from .membership import Membership
 from .outofcore import parse_bytes
 from .placement import leaving_first, plan_moves
@@ -64,6 +66,12 @@ def open_wake_socket(host: str) -> socket.socket | None:
         return sock
     except OSError:
         return None
+
+
+class ReadInterrupted(BaseException):
+    """A worker or server was lost while the driver waited for a parameter read (docs/design.md, D2): the driver's
+    callback is abandoned (a BaseException, so app code does not catch it) and the job recovers from a full
+    checkpoint, after which the restored driver reads again."""
 
 
 class Member:
@@ -150,6 +158,10 @@ class Master(Process):
         self.in_flight = 0
         self.tasks_completed = 0
         self.outbox: dict[str, list] = defaultdict(list)
+        # (sender, envelope) received while the driver waited for a parameter read: handled after it, in order (D1)
+        self.backlog: deque = deque()
+        self.next_read = 0  # request ids of the driver's parameter reads
+        self.lost_in_read: list[Member] = []  # lost members found while a read waited: recovered from in full (D2)
         # worker -> keys other workers' completed tasks wrote since its last dispatch (None: any key)
         self.foreign_writes: dict[str, set | None] = {}
         self.started = False
@@ -210,17 +222,23 @@ class Master(Process):
         else:
             self.recovery.start_fresh()
             self.place_and_create()
-            self.start_driver()
+            try:
+                self.start_driver()
+            except ReadInterrupted:
+                self.recover_interrupted_read()
         last_check = last_status = last_requests = last_losses = clock.time()
         wake_fd = self.wake.fileno() if self.wake is not None else None
         fds = () if wake_fd is None else (wake_fd,)
         while not self.finished:
-            messages, ready = self.endpoint.wait(100, fds)
-            if messages:
-                for sender, msg in self.receive():
-                    self.handle_message(sender, msg)
-                    if self.finished:
-                        break
+            messages, ready = self.endpoint.wait(0 if self.backlog else 100, fds)
+            if messages or self.backlog:
+                try:
+                    for sender, msg in self.receive():
+                        self.handle_message(sender, msg)
+                        if self.finished:
+                            break
+                except ReadInterrupted:
+                    self.recover_interrupted_read()
                 self.after_batch()
             now = clock.time()
             losses = False
@@ -229,7 +247,10 @@ class Master(Process):
                 losses = self.losses_noticed()
             if losses or now - last_check > MEMBERSHIP_CHECK_S:
                 last_check = now
-                self.check_members()
+                try:
+                    self.check_members()
+                except ReadInterrupted:  # a read of a completion handled during a partial recovery
+                    self.recover_interrupted_read()
                 self.inject_faults()
                 self.after_batch()
             if (wake_fd in ready and self.woken()) or now - last_requests > REQUESTS_CHECK_S:
@@ -263,11 +284,25 @@ class Master(Process):
     def receive(self):
         """Messages of the current epoch, and any HELLO (a new process starts at epoch 0) or READY (a worker that
         joined during a recovery that then started over answers at the older epoch; having the app outlives a
-        restore, which resets executors anyway: docs/design.md, M2)."""
-        for sender, envelope in self.endpoint.drain():
-            msg = self.admit(sender, envelope)
-            if msg is not None and (envelope[0] >= self.epoch or msg[0] in _ANY_EPOCH):
-                yield sender, msg
+        restore, which resets executors anyway: docs/design.md, M2). What a driver read set aside comes first, in
+        the order it arrived; once a read (while a message is handled) sets messages aside, the ones still to be
+        drained are newer, and go behind them (D1)."""
+        backlog = self.backlog
+        while True:
+            while backlog:
+                sender, envelope = backlog.popleft()
+                msg = self.admit(sender, envelope)
+                if msg is not None and (envelope[0] >= self.epoch or msg[0] in _ANY_EPOCH):
+                    yield sender, msg
+            for sender, envelope in self.endpoint.drain():
+                if backlog:
+                    backlog.append((sender, envelope))
+                    continue
+                msg = self.admit(sender, envelope)
+                if msg is not None and (envelope[0] >= self.epoch or msg[0] in _ANY_EPOCH):
+                    yield sender, msg
+            if not backlog:
+                return
 
     def admit(self, sender: str, envelope: Any) -> tuple | None:
         """As :meth:`Process.admit`, but a HELLO of another protocol version is refused first, whatever else it
@@ -321,7 +356,7 @@ class Master(Process):
 
     def pump(self, timeout_s: float) -> None:
         """Handle whatever arrives within ``timeout_s`` (used while waiting for something specific)."""
-        if self.endpoint.poll(timeout_s * 1000):
+        if self.backlog or self.endpoint.poll(timeout_s * 1000):
             for sender, msg in self.receive():
                 self.handle_message(sender, msg)
 
@@ -503,6 +538,8 @@ class Master(Process):
             self.recovery.on_priority_saved(sender, tuple(msg[1:5]), msg[5])
         elif tag == P.FAIL:
             raise app_error(msg[1], msg[2])
+        elif tag == P.VALUES:
+            pass  # a late answer to a driver read that a loss interrupted (D2)
         elif tag == P.HELLO:
             self.on_hello(sender, msg[2], msg[3])
         elif tag == P.READY:
@@ -609,6 +646,55 @@ class Master(Process):
             self.paused_tasks.append(task)  # a checkpoint is being taken: part of it, sent after it
         else:
             self.route(task)
+
+    def driver_get_many(self, keys: list) -> list:
+        """The driver's ``ps_get_many``: each key's value from the server of its shard in this master's map, read-only,
+        or None for a key nobody updated. Nothing else is handled until every value is here (docs/design.md, D1); a
+        loss meanwhile raises :class:`ReadInterrupted` (D2)."""
+        if not self.started or self.finished or not self.shard_owner:
+            raise LitzError("ps_get: the driver can read parameters only while the job runs")
+        shards = ShardMap(len(self.shard_owner), self.shard_owner)
+        by_server: dict[str, list] = defaultdict(list)
+        want: dict[int, int] = {}  # request id -> index in keys
+        for i, key in enumerate(keys):
+            shard = shards.shard(key)  # a bad key fails here, in the driver's own call
+            want[self.next_read] = i
+            by_server[self.shard_owner[shard]].append((self.next_read, shard, key))
+            self.next_read += 1
+        for server, items in by_server.items():
+            self.send(server, (P.GETS, items))
+        values: list = [None] * len(keys)
+        last_check = clock.time()
+        while want:
+            if self.endpoint.poll(LOSS_CHECK_S * 1000):
+                for sender, envelope in self.endpoint.drain():
+                    msg = envelope[1] if type(envelope) is tuple and len(envelope) == 2 else None
+                    if type(msg) is not tuple or not msg or msg[0] != P.VALUES:
+                        self.backlog.append((sender, envelope))  # handled after the driver's callback, in order
+                        continue
+                    if self.admit(sender, envelope) is None:
+                        continue
+                    for item in msg[1]:
+                        i = want.pop(item[0], None) if type(item) is tuple and len(item) == 2 else None
+                        if i is not None:
+                            values[i] = read_only(item[1])
+            now = clock.time()
+            if want and (self.losses_noticed() or now - last_check > MEMBERSHIP_CHECK_S):
+                last_check = now
+                lost = self.find_lost()
+                if lost:
+                    self.lost_in_read.extend(lost)
+                    raise ReadInterrupted()
+        return values
+
+    def recover_interrupted_read(self) -> None:
+        """A loss interrupted a driver read: recover from a full checkpoint, whose driver reads again (D2)."""
+        while True:
+            try:
+                self.check_members()
+                return
+            except ReadInterrupted:  # another loss, during a read of a completion the recovery handled
+                continue
 
     def route(self, task: tuple) -> None:
         eid = task[1]
@@ -973,10 +1059,13 @@ class Master(Process):
         if self._held:
             self.send_held()
         self.check_spawning()
-        lost = self.find_lost()
+        interrupted, self.lost_in_read = self.lost_in_read, []
+        seen = {m.ident for m in interrupted}
+        lost = interrupted + [m for m in self.find_lost() if m.ident not in seen]
         if lost:
             why = ", ".join(f"{m.role} {m.ident} (pid {m.info.get('pid')} on {m.info.get('host')})" for m in lost)
-            self.recovery.recover(lost, f"{why} was lost")
+            # a driver callback abandoned mid-read left the driver half-changed: only a full restore is sound (D2)
+            self.recovery.recover(lost, f"{why} was lost", full=bool(interrupted))
             self.flush_outbox()
 
     def inject_faults(self) -> None:

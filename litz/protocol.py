@@ -27,8 +27,8 @@ READY = "ready"        # worker -> master: (READY, [eid, ...])
 TASKS = "tasks"        # master -> worker: (TASKS, [(task_id, eid, version, args), ...])
 DONE = "done"          # worker -> master: (DONE, [(task_id, result), ...])
 FAIL = "fail"          # any -> master: (FAIL, where, traceback_text)
-GETS = "gets"          # worker -> server: (GETS, [(request_id, shard, key), ...])
-VALUES = "values"      # server -> worker: (VALUES, [(request_id, value), ...][, True: answered after forwarding])
+GETS = "gets"          # worker or master -> server: (GETS, [(request_id, shard, key), ...])
+VALUES = "values"      # server -> worker/master: (VALUES, [(request_id, value), ...][, True: after forwarding])
 UPDATES = "updates"    # worker -> server: (UPDATES, flush_id, [(shard, key, delta), ...])
 ACK = "ack"            # server -> worker: (ACK, flush_id, items_applied, [error, ...][, True: forwarded items])
 STOP = "stop"          # master -> worker/server: (STOP,)
@@ -106,6 +106,7 @@ SHAPES: dict[str, dict[str, tuple]] = {
         CHECKPOINTED: _shape(dict), CHECKPOINT_FAILED: _shape(str), RESTORED: _shape(), RESTORE_FAILED: _shape(str),
         MEMORY_EVENT: _shape(str, _INT, _INT, _NUM), PRIORITY_DISTANCES: _shape(object, _STR_OR_NONE),
         PRIORITY_SAVED: _shape(_INT, _INT, _INT, _INT, _STR_OR_NONE),
+        VALUES: _shape(list, bool, optional=1),  # answers to the driver's parameter reads (GETS from the master)
     },
     "worker": {
         **_LIFECYCLE, **_TO_BOTH,

@@ -294,8 +294,9 @@ class Recovery:
             warn(f"skipping checkpoint {path}: {reason}")
         return self.store.complete(any_run)
 
-    def recover(self, lost: list[Member], why: str) -> None:
-        """Restore the latest good checkpoint onto the processes still alive (plus replacements)."""
+    def recover(self, lost: list[Member], why: str, full: bool = False) -> None:
+        """Restore the latest good checkpoint onto the processes still alive (plus replacements). ``full``: never
+        partially (the driver was left mid-callback by an interrupted read, docs/design.md D2)."""
         m = self.master
         t0 = clock.time()
         self.restart_priority_rounds()
@@ -305,7 +306,7 @@ class Recovery:
                 for role, members in (("worker", m.workers), ("server", m.servers))} if m.spawn is not None else None
         lost_ids = [x.ident for x in lost]
         noticed = {x.ident: x.noticed for x in lost}
-        if self.partial and self.can_recover_partially(lost):
+        if self.partial and not full and self.can_recover_partially(lost):
             try:
                 self.recover_partially(lost)
                 return

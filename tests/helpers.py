@@ -62,6 +62,16 @@ class Processes:
                           file=sys.stderr)
 
 
+def run_in_fresh_process(body, timeout: float = 100) -> None:
+    """Run ``body`` (a module-level function of a test module, taking no arguments) in a fresh interpreter and
+    fail with its stderr if it fails. For tests whose subject is the launcher process itself (what its forks
+    inherit), which must not depend on what earlier tests left in the pytest process: an etcd client's gRPC
+    threads make the fork server a fresh interpreter (litz.forkserver), and app classes stay loaded."""
+    code = f"import {body.__module__} as m; m.{body.__name__}()"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{body.__name__} failed in a fresh interpreter:\n{done.stderr[-4000:]}"
+
+
 def free_port() -> int:
     """A TCP port on the loopback that nothing listens on right now."""
     import socket

@@ -12,7 +12,7 @@ import pytest
 
 import litz
 from litz.forkserver import ForkServer, blas_threads, set_blas_threads, threads_unsafe_to_fork
-from tests.helpers import Processes, app_path, status, wait_for
+from tests.helpers import Processes, app_path, run_in_fresh_process, status, wait_for
 
 
 @pytest.fixture
@@ -26,16 +26,10 @@ def launcher_blas_threads():
     set_blas_threads(before[0])
 
 
-@pytest.fixture
-def single_threaded_launcher():
-    """Forks of the launcher itself need a launcher with one thread (else the fork server is a fresh interpreter):
-    a test that left a thread behind in the pytest process (an etcd client's gRPC) would change these tests."""
-    left = threads_unsafe_to_fork()
-    assert not left, f"an earlier test left threads in the pytest process: {left}"
-
-
-def test_children_are_forks_of_one_fork_server_named_for_their_role(single_threaded_launcher,
-                                                                      launcher_blas_threads):
+def forks_of_the_launcher() -> None:
+    """Run in a fresh interpreter (run_in_fresh_process): a launcher with one thread and BLAS set to 2 threads."""
+    set_blas_threads(2)  # so a worker's single BLAS thread is the launcher's doing, not the default
+    assert not threads_unsafe_to_fork()
     facts = litz.run(app_path("whoami"), workers=2, servers=1, executors=4, name="forked-job")
     assert len({f["pid"] for f in facts}) == 2, "4 executors on 2 worker processes"
     fork_servers = {f["ppid"] for f in facts}
@@ -49,6 +43,10 @@ def test_children_are_forks_of_one_fork_server_named_for_their_role(single_threa
     assert len(set(by_process.values())) == 2, "each worker has its own numpy global random stream"
     assert blas_threads()[0] == 2, "the launcher keeps its own BLAS threads"
     assert all(f["launcher_class"] for f in facts), "a fork runs the launcher's executor class, not a copy"
+
+
+def test_children_are_forks_of_one_fork_server_named_for_their_role():
+    run_in_fresh_process(forks_of_the_launcher)
 
 
 @pytest.mark.parametrize("spawn", ["fork", "exec"])
@@ -224,11 +222,8 @@ def test_a_fork_finds_the_executor_class_by_token_without_unpickling_the_blob():
 
 
 @pytest.mark.timeout(60)
-def test_a_class_loaded_again_is_pickled_only_for_workers_that_lack_it(monkeypatch, single_threaded_launcher,
-                                                                       launcher_blas_threads):
-    """A launcher running job after job loads the same class each time. The first load pickles it (before any
-    fork: cloudpickle's tracking ids); later loads pickle it only when a worker needs it. Forked workers name
-    the app's token in their HELLO and get no blob; fresh interpreters still get it and unpickle it."""
+def a_class_loaded_again() -> None:
+    """Run in a fresh interpreter (run_in_fresh_process), whose launcher loads the class for the first time."""
     from litz import appload
 
     first = appload.load_app("tests.apps.whoami")
@@ -237,12 +232,20 @@ def test_a_class_loaded_again_is_pickled_only_for_workers_that_lack_it(monkeypat
     assert again.token in appload.loaded_tokens() and first.token != again.token
     sent = []
     real = appload.App.executor_blob
-    monkeypatch.setattr(appload.App, "executor_blob", lambda self: sent.append(self.name) or real(self))
+    appload.App.executor_blob = lambda self: sent.append(self.name) or real(self)
     facts = litz.run("tests.apps.whoami", workers=2, servers=1, executors=2, name="forked-again")
     assert sent == [] and all(f["launcher_class"] for f in facts), "forks have the class: nothing pickled or sent"
-    monkeypatch.setenv("LITZ_SPAWN", "exec")
+    os.environ["LITZ_SPAWN"] = "exec"
     facts = litz.run("tests.apps.whoami", workers=2, servers=1, executors=2, name="exec-again")
     assert len(sent) == 2 and not any(f["launcher_class"] for f in facts), "each fresh worker got the blob"
+
+
+@pytest.mark.timeout(120)
+def test_a_class_loaded_again_is_pickled_only_for_workers_that_lack_it():
+    """A launcher running job after job loads the same class each time. The first load pickles it (before any
+    fork: cloudpickle's tracking ids); later loads pickle it only when a worker needs it. Forked workers name
+    the app's token in their HELLO and get no blob; fresh interpreters still get it and unpickle it."""
+    run_in_fresh_process(a_class_loaded_again)
 
 
 @pytest.mark.parametrize("proc", [True, False], ids=["proc", "no-proc"])

@@ -255,10 +255,10 @@ def test_litz_run_finds_every_well_separated_blob(tmp_path) -> None:
     centres = np.array([[i * 40.0, (i % 3) * 40.0, -i * 20.0] for i in range(12)])
     X, y = blobs(250, centres, 1.0)
     np.save(tmp_path / "blobs.npy", X)
-    out = tmp_path / "labels.npy"
+    out = tmp_path / "model.npz"
     result = litz.run("apps.hdbscan", **LOCAL, config={"input": str(tmp_path / "blobs.npy"), "output": str(out),
                                                        "min_cluster_size": 20, "check_recall": 1})
-    labels = np.load(out)
+    labels = np.load(out)["labels"]
     assert result["clusters"] == 12 and labels.shape == (len(X),)
     assert result["knn_recall"] >= 0.95
     for c in range(12):  # each blob is one cluster, and no two blobs share one
@@ -278,9 +278,9 @@ def test_litz_run_matches_hdbscan_library_on_table_4_2_style_data(tmp_path) -> N
     X, _ = data.synthetic(cfg["n"], cfg["d"], cfg["clusters"], cfg["noise"], seed=cfg["seed"])
     # exact: the library's default approximates its spanning tree (FM about 0.93 against its own exact one)
     ref = hdbscan.HDBSCAN(min_cluster_size=5, core_dist_n_jobs=1, approx_min_span_tree=False).fit_predict(X)
-    out = tmp_path / "labels.npy"
+    out = tmp_path / "model.npz"
     result = litz.run("apps.hdbscan", **LOCAL, config={"synthetic": 1, **cfg, "output": str(out)})
-    fm = fowlkes_mallows_score(ref, np.load(out))
+    fm = fowlkes_mallows_score(ref, np.load(out)["labels"])
     assert fm >= 0.9, (fm, result["clusters"], ref.max() + 1)
 
 
@@ -310,12 +310,16 @@ def test_litz_run_disconnected_knn_graph_gives_a_forest(tmp_path, mst: str) -> N
     centres = np.array([[0.0, 0.0], [1e4, 0.0], [0.0, 1e4], [1e4, 1e4]])
     X, y = blobs(40, centres, 1.0, seed=4)  # k=5 neighbours never leave a group: 4 components
     np.save(tmp_path / "x.npy", X)
-    out = tmp_path / "labels.npy"
+    out = tmp_path / "model.npz"
     result = litz.run("apps.hdbscan", **LOCAL, config={"input": str(tmp_path / "x.npy"), "output": str(out),
                                                        "k": 5, "min_samples": 5, "min_cluster_size": 10,
                                                        "mst": mst})
-    labels = np.load(out)
+    labels = np.load(out)["labels"]
     assert result["mst_components"] == 4 and result["mst_edges"] == len(X) - 4
+    with np.load(out) as model:  # the forest in the model file: input-order point ids, no edge between groups
+        u, v, w = model["mst_u"], model["mst_v"], model["mst_weight"]
+    assert len(u) == len(v) == len(w) == len(X) - 4 and np.all(y[u] == y[v]) and np.all(w >= 0)
+    assert w.sum() == pytest.approx(result["mst_weight"], rel=1e-5)
     assert result["clusters"] == 4 and len(set(labels) - {-1}) == 4
     for c in range(4):
         assert len(set(labels[y == c]) - {-1}) == 1
@@ -328,10 +332,10 @@ def test_litz_run_duplicate_points(tmp_path) -> None:
     X = np.repeat(base, 25, axis=0)  # every point 25 times: more copies than k
     X = np.concatenate([X, rng.uniform(-10, 30, (50, 3)).astype(np.float32)])
     np.save(tmp_path / "dup.npy", X)
-    out = tmp_path / "labels.npy"
+    out = tmp_path / "model.npz"
     result = litz.run("apps.hdbscan", **LOCAL, config={"input": str(tmp_path / "dup.npy"), "output": str(out),
                                                        "k": 10, "min_samples": 5, "min_cluster_size": 20})
-    labels = np.load(out)
+    labels = np.load(out)["labels"]
     copies = labels[:1500].reshape(60, 25)
     assert np.all(copies == copies[:, :1])  # copies of one point share its label
     assert result["clusters"] >= 2 and np.isfinite(result["mst_weight"])
@@ -370,7 +374,7 @@ def test_bad_input_files_are_one_line_errors(tmp_path) -> None:
 def test_bad_config_values_are_one_line_errors(tmp_path) -> None:
     fails({"synthetic": 1, "k": 4}, r"'min_samples' \(5\) must be at most 'k' \(4\)")
     fails({"synthetic": 1, "metric": "manhattan"}, "'metric' must be one of euclidean, cosine, dot")
-    fails({"synthetic": 1, "output": str(tmp_path / "no" / "labels.npy")}, "folder .* does not exist")
+    fails({"synthetic": 1, "output": str(tmp_path)}, "config 'output': .* is a directory")
     fails({"synthetic": 1, "min_cluster_size": 1}, "'min_cluster_size' must be an integer >= 2")
 
 

@@ -219,15 +219,18 @@ def test_litz_run_with_a_quarter_of_the_data_in_memory(tmp_path, monkeypatch) ->
 
 @pytest.mark.timeout(60)
 def test_litz_run_writes_centroids_and_reports(tmp_path) -> None:
-    out, metrics = tmp_path / "centroids.npy", tmp_path / "metrics.jsonl"
+    """The model file (.npz, apps.modelfile) holds the centres and cluster sizes; its directory is created."""
+    out, metrics = tmp_path / "models" / "kmeans.npz", tmp_path / "metrics.jsonl"
     config = {**CONFIG, "n": 20_000, "epochs": 3, "output": str(out), "blocks": 3}
     result = litz.run("apps.kmeans", workers=2, servers=2, config=config, metrics=str(metrics))
-    assert result["output"] == str(out) and result["epochs"] == 3 and result["empty_clusters"] == 0
-    centers = np.load(out)
-    assert centers.shape == (20, 8) and centers.dtype == np.float32
+    assert result["model"] == str(out) and result["epochs"] == 3 and result["empty_clusters"] == 0
+    with np.load(out) as f:
+        centers, sizes = f["centers"], f["sizes"]
+    assert centers.shape == (20, 8) and sizes.shape == (20,) and sizes.sum() == 20_000
     X = full_data(config)
-    objective = model.score(X, centers.astype(np.float64))[0] / len(X)
-    assert rel(objective, result["objective"]) < 1e-5
+    score, counts = model.score(X, centers)
+    assert rel(score / len(X), result["objective"]) < 1e-5
+    np.testing.assert_array_equal(counts, sizes)
     epochs = [json.loads(line).get("epoch") for line in metrics.read_text().splitlines()]
     assert [e for e in epochs if e is not None] == [1, 2, 3]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".kmeans-")]  # no temporary file left
@@ -289,13 +292,13 @@ def _bad_files(tmp_path) -> dict[str, str]:
     ({"synthetic": 1, "n": 10, "k": 11}, r"k=11 is larger than the number of points n=10"),
     ({"synthetic": 1, "epoch": 3}, r"unknown config key\(s\) 'epoch'"),
     ({"synthetic": 1, "batch": 0}, r"'batch' must be an integer >= 1"),
-    ({"synthetic": 1, "output": "{missing_dir}/c.npy"}, r"config 'output': directory .* does not exist"),
+    ({"synthetic": 1, "output": "{missing_dir}"}, r"config 'output': .* is a directory"),
     ({}, r"needs exactly one of config 'input'"),
 ], ids=["missing", "int", "vec", "nan", "text", "k>n-file", "k>n-synthetic", "unknown-key", "batch", "output",
         "no-data"])
 def test_litz_run_bad_input_is_one_clear_error(tmp_path, config: dict, message: str) -> None:
     paths = {**_bad_files(tmp_path), "missing": str(tmp_path / "missing.npy"),
-             "missing_dir": str(tmp_path / "no-such-dir")}
+             "missing_dir": str(tmp_path)}
     config = {k: v.format(**paths) if isinstance(v, str) else v for k, v in config.items()}
     with pytest.raises(litz.InputError, match=message) as info:
         litz.run("apps.kmeans", workers=1, servers=1, config=config)

@@ -1,7 +1,7 @@
 """apps.lda end to end through real processes (``litz.run`` and the CLI).
 
 * a synthetic corpus with known topics: the learned topics match the true ones, the log-likelihood
-  improves, ``output=DIR`` writes the count matrices;
+  improves, ``output=PATH`` writes the count matrices (.npz);
 * the counts invariant after every epoch (``check_counts=1``: the server's word-topic counts equal those
   recomputed from every executor's ``z`` and sum to the number of tokens) and the block schedule (no block
   held by two executors at once; every holder sees every earlier holder's updates), for B = E, B > E and
@@ -29,8 +29,8 @@ SMALL = {"synthetic": 1, "docs": 1200, "vocab": 600, "topics": 8, "doc_length": 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """One 40-epoch run on the known-topics corpus, with output=DIR; shared by the tests that read it."""
-    out = tmp_path_factory.mktemp("lda-output")
+    """One 40-epoch run on the known-topics corpus, with output=PATH; shared by the tests that read it."""
+    out = tmp_path_factory.mktemp("lda-output") / "model" / "lda.npz"  # its directory is created
     home = tmp_path_factory.mktemp("litz-home")
     result = litz.run("apps.lda", workers=2, servers=1, executors=4, home=str(home), progress=False,
                       config={**CORPUS, "epochs": 40, "output": str(out)})
@@ -42,7 +42,7 @@ def test_learned_topics_match_the_true_ones(trained) -> None:
     result, out = trained
     s = Settings.from_config(CORPUS)
     truth = data.synthetic_topics(s.vocab, s.topics, s.gen_beta, s.seed)
-    learned = np.load(out / "topic_word.npy")
+    learned = np.load(out)["topic_word"]
     assert learned.shape == (s.topics, s.vocab)
     T = truth / np.linalg.norm(truth, axis=1, keepdims=True)
     L = learned / np.linalg.norm(learned, axis=1, keepdims=True)
@@ -74,14 +74,17 @@ def test_output_files(trained) -> None:
     result, out = trained
     s = Settings.from_config(CORPUS)
     lengths = data.synthetic_lengths(s.docs, s.doc_length, s.seed)
-    topic_word, doc_topic = np.load(out / "topic_word.npy"), np.load(out / "doc_topic.npy")
+    with np.load(out) as f:
+        topic_word, doc_topic, alpha, beta = f["topic_word"], f["doc_topic"], f["alpha"], f["beta"]
+        assert "vocabulary" not in f.files  # synthetic: no vocabulary
+    assert (alpha, beta) == (s.alpha, s.beta)
     assert doc_topic.shape == (s.docs, s.topics)
     np.testing.assert_array_equal(doc_topic.sum(axis=1), lengths)
     assert topic_word.sum() == doc_topic.sum() == result["tokens"] == lengths.sum()
     np.testing.assert_array_equal(topic_word.sum(axis=0), np.bincount(data.synthetic_corpus(s)[1],
                                                                       minlength=s.vocab))
     np.testing.assert_array_equal(topic_word.sum(axis=1), doc_topic.sum(axis=0))
-    assert result["output"] == {"topic_word": str(out / "topic_word.npy"), "doc_topic": str(out / "doc_topic.npy")}
+    assert result["model"] == str(out)
 
 
 def check_invariant(result: dict, epochs: int, executors: int) -> None:

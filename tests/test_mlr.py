@@ -113,10 +113,22 @@ def test_litz_run_matches_sklearn() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_litz_run_bsp_more_servers() -> None:
-    config = {**CONFIG, "staleness": 0, "blocks": 5}
+def test_litz_run_bsp_more_servers_writes_the_model(tmp_path) -> None:
+    """output=PATH: the driver reads the final weights from both servers (Driver.ps_get_many) into an .npz whose
+    directory it creates; scored here, they give exactly the test accuracy the executors measured."""
+    from apps.mlr import model
+
+    out = tmp_path / "models" / "mlr.npz"
+    config = {**CONFIG, "staleness": 0, "blocks": 5, "output": str(out)}
     result = litz.run("apps.mlr", workers=2, servers=2, executors=3, config=config)
     assert abs(result["test_accuracy"] - sklearn_accuracy(config)) <= 0.01, result
+    assert result["model"] == str(out)
+    with np.load(out) as f:
+        W, b, classes = f["weights"], f["bias"], f["classes"]
+    assert W.shape == (50, 10) and b.shape == (10,) and list(classes) == list(range(10))
+    Xt, yt = synthetic_rows(CONFIG["n"], CONFIG["n"] + CONFIG["n_test"], d=50, classes=10, seed=0)
+    _, correct, rows = model.evaluate(Xt, yt, W, b)
+    assert correct / rows == result["test_accuracy"]
 
 
 @pytest.mark.timeout(60)

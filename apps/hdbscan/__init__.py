@@ -45,7 +45,8 @@ everything the previous phases wrote.
   driver picks the lightest per component, merges, and answers with the relabelling
   (``("boruvka", relabel)``) until no component has an outgoing edge (a forest if the kNN graph is
   disconnected). Executor 0 then extracts the clusters from the forest (``("extract", u, v, w)``).
-* The driver writes the labels (``output``) and finishes with the counts, timings and traffic figures.
+* The driver writes the model (``output``: labels and the minimum spanning forest, an ``.npz`` of
+  :mod:`apps.modelfile`) and finishes with the counts, timings and traffic figures.
 """
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ import numpy as np
 import litz
 import litz.kernels
 
+from ..modelfile import model_path, save_model
 from . import data, mailbox
 from . import knn as _knn
 from . import tree as _tree
@@ -135,7 +137,7 @@ class HDBSCANDriver(litz.Driver):
 
     def dispatch_initial_tasks(self) -> None:
         self.settings = Settings.from_config(self.config)
-        self.output = self.settings.output_path()
+        self.output = model_path(self.settings.output)  # a bad path fails now, not after the work
         self.t_start = time.time()
         self.marks: dict[str, float] = {}
         self.pending = 0
@@ -256,7 +258,8 @@ class HDBSCANDriver(litz.Driver):
         r = results[0]
         labels = r["labels"]
         if self.output:
-            np.save(self.output, labels)
+            u, v, w = r["mst"]
+            save_model(self.output, {"labels": labels, "mst_u": u, "mst_v": v, "mst_weight": w})
         self._mark("end")
         m, s = self.marks, self.settings
         if self.kruskal:  # one task did both: split it by the executor's own clock
@@ -274,7 +277,7 @@ class HDBSCANDriver(litz.Driver):
             "dmax_filter": s.dmax_filter, **traffic, "join_s": round(self.join_s, 4),
             "mst": "kruskal" if self.kruskal else "boruvka", "boruvka_rounds": None if self.kruskal else self.rounds,
             "knn_edges": int(self.edges), "mst_edges": int(r["mst_edges"]), "mst_weight": float(r["mst_weight"]),
-            "mst_components": int(self.N - r["mst_edges"]), "output": self.output,
+            "mst_components": int(self.N - r["mst_edges"]), "model": self.output,
             "timings_s": {k: round(v, 4) for k, v in stages.items()},
         })
 
@@ -508,5 +511,8 @@ class HDBSCANExecutor(litz.Executor):
         if self.perm is not None:  # back to the input's order
             internal, labels = labels, np.empty_like(labels)
             labels[self.perm] = internal
-        return {"kind": "extract", "labels": labels, "clusters": int(clusters), "mst_edges": len(u),
-                "mst_weight": float(np.sum(w, dtype=np.float64)), "extract_s": time.perf_counter() - t0}
+        out = {"kind": "extract", "labels": labels, "clusters": int(clusters), "mst_edges": len(u),
+               "mst_weight": float(np.sum(w, dtype=np.float64)), "extract_s": time.perf_counter() - t0}
+        if s.output is not None:  # the forest's edges for the model file, between points in input order
+            out["mst"] = (u, v, w) if self.perm is None else (self.perm[u], self.perm[v], w)
+        return out

@@ -1,7 +1,6 @@
 """The HDBSCAN app's configuration (``--config key=value``), validated once so a typo is one clear error."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -93,15 +92,6 @@ class Settings:
             out["max_candidates"] = 2 * out["k"]  # (k alone: kNN recall 0.934 at 50 000 x 50; 2k: 0.966)
         assert {f.name for f in fields(cls)} == set(out)
         return cls(**out)
-
-    def output_path(self) -> str | None:
-        """Where the driver writes the labels (checked up front: the folder must exist)."""
-        if self.output is None:
-            return None
-        path = os.path.abspath(os.path.expanduser(self.output))
-        if not os.path.isdir(os.path.dirname(path)):
-            raise ConfigError(f"config 'output': folder {os.path.dirname(path)} does not exist")
-        return path
 
     def trees(self, n: int) -> int:
         """Random-projection trees for the initial graph: given, or about pynndescent's count / 1.5 (max 12)."""

@@ -43,14 +43,12 @@ Protocol (task arguments -> result dicts):
    the update; the driver reports a running per-epoch objective.
  * ``("eval", slot)`` once training completed, so it sees every update: squared distances over ALL the
    executor's rows and cluster sizes; executor 0 also returns the centres, which the driver writes to
-   ``output``.
+   ``output`` (an ``.npz``, :mod:`apps.modelfile`).
 """
 from __future__ import annotations
 
 import functools
 import math
-import os
-import tempfile
 from typing import Any
 
 import numpy as np
@@ -58,8 +56,9 @@ import numpy as np
 import litz
 from litz.ssp import SSP
 
+from ..modelfile import model_path, save_model
 from . import data, model
-from .settings import Settings, check_writable
+from .settings import Settings
 
 
 def _train_args(iteration: int, executor: int, *, per_epoch: int) -> tuple:
@@ -80,8 +79,7 @@ class KMeansDriver(litz.Driver):
 
     def dispatch_initial_tasks(self) -> None:
         self.settings = Settings.from_config(self.config)
-        if self.settings.output is not None:
-            check_writable(self.settings.output)
+        self.output = model_path(self.settings.output)  # a bad path fails now, not after training
         self.infos: dict[int, dict] = {}
         self.samples: dict[int, np.ndarray] = {}
         self.evals: dict[int, dict] = {}
@@ -173,9 +171,8 @@ class KMeansDriver(litz.Driver):
         evals = [self.evals[e] for e in range(self.num_executors)]
         count = sum(r["count"] for r in evals)
         sizes = np.sum([r["sizes"] for r in evals], axis=0)
-        centers = self.evals[0]["centers"]
-        if s.output is not None:
-            _save(s.output, centers.astype(np.float32))
+        if self.output is not None:
+            save_model(self.output, {"centers": self.evals[0]["centers"], "sizes": sizes})
         self.finish({
             "objective": sum(r["sse"] for r in evals) / count,
             "epochs": s.epochs,
@@ -183,25 +180,8 @@ class KMeansDriver(litz.Driver):
             "n": int(count), "d": int(self.d), "k": s.k, "batch": s.batch, "staleness": s.staleness,
             "init": s.init, "init_sample_rows": int(self.sample_rows),
             "empty_clusters": int(np.sum(sizes == 0)),
-            "output": s.output,
+            "model": self.output,
         })
-
-
-def _save(path: str, centers: np.ndarray) -> None:
-    """Write ``centers`` to ``path`` (exactly that name) atomically: a temporary file, then a rename."""
-    path = os.path.expanduser(path)
-    parent = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".kmeans-", suffix=".npy", dir=parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.save(f, centers)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError as e:
-        raise data.DataError(f"cannot write centroids to {path}: {e.strerror or e}") from None
 
 
 class KMeansExecutor(litz.Executor):

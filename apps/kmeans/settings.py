@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -73,21 +72,3 @@ class Settings:
         if self.blocks is not None:
             return min(self.blocks, self.k)
         return max(1, min(self.k, math.ceil(self.k * (d + 1) * 8 / BLOCK_BYTES)))
-
-
-def check_writable(path: str) -> None:
-    """Fail before training, not after, if the centroids cannot be written to ``path`` (driver side only:
-    executors may run on machines without that directory)."""
-    path = os.path.expanduser(path)
-    parent = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise ConfigError(f"config 'output': {path} is a directory, expected a .npy file name")
-    if not os.path.isdir(parent):
-        raise ConfigError(f"config 'output': directory {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise ConfigError(f"config 'output': directory {parent} is not writable")
-
-
-
-
-

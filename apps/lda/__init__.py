@@ -56,7 +56,6 @@ Protocol (task arguments -> result dicts, all with ``kind``):
 from __future__ import annotations
 
 import importlib
-import os
 import time
 from typing import Any
 
@@ -65,6 +64,7 @@ import numpy as np
 import litz
 import litz.kernels
 
+from ..modelfile import model_path, save_model
 from . import data, kernels
 from .settings import Settings
 
@@ -305,6 +305,7 @@ class LDADriver(litz.Driver):
 
     def dispatch_initial_tasks(self) -> None:
         self.s = Settings.from_config(self.config)
+        self.output = model_path(self.s.output)  # a bad path fails now, not after training
         self.infos: dict[int, dict] = {}
         for e in range(self.num_executors):
             self.dispatch_task(e, ("init",))
@@ -338,14 +339,7 @@ class LDADriver(litz.Driver):
         self.N = info["total_tokens"]
         if sum(i["tokens"] for i in self.infos.values()) != self.N:
             raise RuntimeError("executors' token counts do not add up to the corpus's")
-        self._vocabulary()  # a bad vocabulary file or output directory fails now, not after training
-        if s.output is not None:
-            try:
-                os.makedirs(s.output, exist_ok=True)
-            except OSError as e:
-                raise data.DataError(f"{s.output}: cannot create the output directory ({e.strerror or e})") from None
-            if not os.access(s.output, os.W_OK):
-                raise data.DataError(f"{s.output}: the output directory is not writable")
+        self._vocabulary()  # a bad vocabulary file fails now, not after training
         self.total_rounds = s.epochs * self.B
         self.set_total(s.epochs, unit="epoch")  # the progress line: epoch 3/20 and an ETA
         self.round_limit = self.B if s.check_counts else self.total_rounds
@@ -606,8 +600,9 @@ class LDADriver(litz.Driver):
         if s.synthetic:
             truth = data.synthetic_topics(s.vocab, s.topics, s.gen_beta, s.seed)
             result["topic_recovery"] = topic_recovery(topic_word, truth)
-        if s.output is not None:
-            result["output"] = self._write_output(topic_word)
+        if self.output is not None:
+            self._save_model(topic_word)
+        result["model"] = self.output
         self.finish(result)
 
     def _top_words(self) -> list[list]:
@@ -638,20 +633,17 @@ class LDADriver(litz.Driver):
                 tw[:, words] = wt.T
         return tw
 
-    def _write_output(self, topic_word: np.ndarray) -> dict:
-        out = self.s.output
+    def _save_model(self, topic_word: np.ndarray) -> None:
+        """``topic_word`` (topics x vocabulary counts), ``doc_topic`` (documents x topics counts), ``alpha``,
+        ``beta``, and ``vocabulary`` when the corpus has one (:mod:`apps.modelfile`)."""
         doc_topic = np.zeros((self.D, self.s.topics), np.int32)
         for f in self.finals:
             doc_topic[f["doc_lo"]:f["doc_lo"] + len(f["ndk"])] = f["ndk"]
-        try:
-            os.makedirs(out, exist_ok=True)
-            paths = {"topic_word": os.path.join(out, "topic_word.npy"),
-                     "doc_topic": os.path.join(out, "doc_topic.npy")}
-            np.save(paths["topic_word"], topic_word)
-            np.save(paths["doc_topic"], doc_topic)
-        except OSError as e:
-            raise data.DataError(f"{out}: cannot write the output ({e.strerror or e})") from None
-        return paths
+        arrays = {"topic_word": topic_word, "doc_topic": doc_topic, "alpha": self.s.alpha, "beta": self.s.beta}
+        vocab = self._vocabulary()
+        if vocab is not None:
+            arrays["vocabulary"] = np.array(vocab, dtype=str)
+        save_model(self.output, arrays)
 
 
 def topic_recovery(learned: np.ndarray, truth: np.ndarray) -> float:

@@ -32,6 +32,9 @@ Protocol (task arguments -> result dicts):
    mini-batches run (measured before each step); the driver reports per-epoch loss and accuracy.
  * ``("eval",)`` once all training completed, so it sees every update (the consistency rule) -> loss and
    correct counts of the final weights on the executor's training rows and its block of the test set.
+
+With ``output=PATH`` the driver reads the final weights itself (``Driver.ps_get_many``, after the last
+evaluation completed) and writes them with the labels to that ``.npz`` (:mod:`apps.modelfile`).
 """
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ import numpy as np
 import litz
 from litz.ssp import SSP
 
+from ..modelfile import model_path, save_model
 from . import data, model
 from .settings import Settings
 
@@ -57,6 +61,7 @@ class MLRDriver(litz.Driver):
 
     def dispatch_initial_tasks(self) -> None:
         self.settings = Settings.from_config(self.config)
+        self.output = model_path(self.settings.output)  # a bad path fails now, not after training
         self.infos: list[dict] = []
         self.epoch_stats: dict[int, list[float]] = {}  # epoch -> [loss, correct, rows]
         self.evals: list[dict] = []
@@ -122,6 +127,8 @@ class MLRDriver(litz.Driver):
 
         train_rows, test_rows = total("train_count"), total("test_count")
         has_test = any(r["has_test"] for r in self.evals)
+        if self.output:
+            self._save_model()
         self.finish({
             "train_loss": total("train_loss") / train_rows,
             "train_accuracy": total("train_correct") / train_rows,
@@ -131,7 +138,23 @@ class MLRDriver(litz.Driver):
             "iterations": self.settings.epochs * self.per_epoch,
             "train_rows": int(train_rows),
             "test_rows": int(test_rows),
+            "model": self.output,
         })
+
+    def _save_model(self) -> None:
+        """The final weights, read from the parameter server after every task completed (so with every update),
+        as ``weights`` (d x classes), ``bias`` and ``classes`` (the class indices of ``y``)."""
+        blocks = min(self.settings.blocks, self.d)
+        W = np.zeros((self.d, self.classes), np.float32)
+        b = np.zeros(self.classes, np.float32)
+        *values, bias = self.ps_get_many([("W", k) for k in range(blocks)] + [("b",)])
+        for k, value in enumerate(values):
+            if value is not None:
+                lo, hi = data.block(self.d, blocks, k)
+                W[lo:hi] = value
+        if bias is not None:
+            b[:] = bias
+        save_model(self.output, {"weights": W, "bias": b, "classes": np.arange(self.classes)})
 
 
 class MLRExecutor(litz.Executor):

@@ -17,6 +17,7 @@ DEFAULTS: dict[str, Any] = {
     "n": 200_000, "n_test": 20_000, "d": None, "classes": None, "seed": 0, "signal": 5.0,
     "epochs": 10, "lr": 0.5, "decay": 1.0, "batch_size": 256, "batches_per_task": None,
     "staleness": 2, "l2": 0.0, "blocks": 8,
+    "output": None,
 }
 SYNTHETIC_D, SYNTHETIC_CLASSES = 100, 10
 ITERATION_BATCHES = 8  # default mini-batches per SSP iteration over all executors (see apps/mlr/__init__.py)
@@ -42,6 +43,7 @@ class Settings:
     staleness: int
     l2: float
     blocks: int
+    output: str | None
 
     @classmethod
     def from_config(cls, config: dict | None) -> Settings:
@@ -55,6 +57,7 @@ class Settings:
             "decay": _float(v, "decay", 0.0), "batch_size": _int(v, "batch_size", 1),
             "batches_per_task": _opt_int(v, "batches_per_task", 1), "staleness": _int(v, "staleness", 0),
             "l2": _float(v, "l2", 0.0), "blocks": _int(v, "blocks", 1),
+            "output": _path(v, "output"),
         }
         if out["synthetic"] == (out["train"] is not None):
             raise ConfigError("apps.mlr needs exactly one of config 'train' (a .npz or libsvm file) "

@@ -14,6 +14,9 @@ Under SSP a task of iteration ``i`` must also see every write of iterations ``<=
 iterations ``>= i + s + 1`` (the SSP bound), counted from the plan itself, not from the dispatch
 order, so a dispatch frontier that runs ahead is caught even where the consistency rule still holds.
 
+The driver also reads keys itself (``ps_get_many`` on the driver) after every third completion and at the
+end, with the same bounds: at least every write completed so far, at most every write dispatched.
+
 Executor state (``ran``) must equal the tasks the driver saw complete for it: it survived moves, evictions
 and recoveries intact. Input data (``data``, fixed, and ``tag``, re-assigned by every task) must be what the
 executor last held, or freshly loaded, never an older assignment. Under SCAR partial recovery the keys of
@@ -96,6 +99,8 @@ class CheckDriver(litz.Driver):
         for k, _ in reads:
             self.completed[k] += 1
         self.done[e] += 1
+        if sum(self.done) % 3 == 0:
+            self.driver_read([k for k, _ in reads], f"after executor {e} round {r}")
         if self.ssp is not None:
             self.ssp.complete(r)
             if self.ssp.done:
@@ -128,10 +133,23 @@ class CheckDriver(litz.Driver):
         self.tainted |= {k for k in keys if shards.owners[shards.shard(k)] in lost}
         return None
 
+    def driver_read(self, keys: list, when: str) -> None:
+        """The driver reads ``keys`` itself (docs/design.md, D1): each must hold at least every write of the tasks
+        completed so far (the completion just handled included), and at most those of the tasks dispatched."""
+        for k, v in zip(keys, self.ps_get_many(keys), strict=True):
+            value = 0 if v is None else int(v[0])
+            if isinstance(v, np.ndarray) and (v.flags.writeable or not np.all(v == v[0])):
+                checks.violation(f"driver read {when}: {k} is writable or torn: {v.tolist()}")
+            if value < self.completed[k] and k not in self.tainted:
+                checks.violation(f"driver read {when}: {k} = {value}, but {self.completed[k]} writes had completed")
+            if value > self.dispatched[k]:
+                checks.violation(f"driver read {when}: {k} = {value}, only {self.dispatched[k]} writes dispatched")
+
     def verify(self) -> None:
         """Nothing is in flight now: every executor reads every key, and each must be exactly the writes of the
         completed tasks (nothing lost, nothing applied twice), through each worker's cache."""
         keys = [("own", e) for e in range(self.num_executors)] + [("k", j) for j in range(self.num_keys)]
+        self.driver_read(keys, "at the end")
         self.verifying = self.num_executors
         for e in range(self.num_executors):
             self.dispatch_task(e, ("verify", keys, [self.completed[k] for k in keys]))
