@@ -86,6 +86,13 @@ class SSP:
             self._advance()
         return newly
 
+    def stop(self) -> None:
+        """Dispatch no further iterations (an early stop): :attr:`done` once those dispatched have finished.
+
+        Their tasks are still running and their updates still land, so a driver that evaluates once
+        ``done`` sees every one of them (the consistency rule)."""
+        self.iterations = self._dispatched
+
     def _advance(self) -> None:
         limit = min(self.iterations, self._finished + self.staleness + 1)
         while self._dispatched < limit:

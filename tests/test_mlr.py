@@ -67,7 +67,8 @@ def test_sgd_step_is_minus_lr_times_gradient_dense_and_sparse() -> None:
 def test_in_process_matches_sklearn(num_executors: int, staleness: int) -> None:
     config = {**CONFIG, "staleness": staleness}
     result = in_process(config, num_executors).run()
-    assert result["epochs"] == 10 and result["train_rows"] == 40_000 and result["test_rows"] == 10_000
+    assert result["train_rows"] == 40_000 and result["test_rows"] == 10_000
+    assert result["epochs"] < 100, result  # the stopping rule ended it, not the cap
     assert abs(result["test_accuracy"] - sklearn_accuracy(config)) <= 0.01, result
 
 
@@ -99,7 +100,7 @@ def test_in_process_libsvm_with_test_file(tmp_path) -> None:
         lines = [f"{label} " + " ".join(f"{j + 1}:{v:.6g}" for j, v in enumerate(x) if v > -0.5)
                  for x, label in zip(X[rows], y[rows], strict=True)]
         (tmp_path / name).write_text("\n".join(lines) + "\n")
-    config = {"train": str(tmp_path / "train.svm"), "test": str(tmp_path / "test.svm"), "epochs": 5}
+    config = {"train": str(tmp_path / "train.svm"), "test": str(tmp_path / "test.svm")}
     result = in_process(config, 2).run()
     assert result["test_rows"] == 1000 and result["test_accuracy"] > 0.6, result
 
@@ -108,7 +109,7 @@ def test_in_process_libsvm_with_test_file(tmp_path) -> None:
 @pytest.mark.timeout(60)
 def test_litz_run_matches_sklearn() -> None:
     result = litz.run("apps.mlr", workers=2, servers=1, config=dict(CONFIG))
-    assert result["epochs"] == 10 and result["train_rows"] == CONFIG["n"]
+    assert result["epochs"] < 100 and result["train_rows"] == CONFIG["n"]
     assert abs(result["test_accuracy"] - sklearn_accuracy(CONFIG)) <= 0.01, result
 
 

@@ -104,9 +104,9 @@ def test_partitions_cover_rows_exactly_once(tmp_path) -> None:
     y = np.sort(rng.integers(0, 3, 103))  # sorted by label, as files often are
     path = tmp_path / "t.npz"
     np.savez(path, X=X, y=y)
-    s = Settings.from_config({"train": str(path)})
+    s = Settings.from_config({"train": str(path), "scale": 0})
     parts = [data.train_partition(s, e, 4) for e in range(4)]
-    assert all(p[2:] == (4, 3) for p in parts)
+    assert all(p[2:4] == (4, 3) for p in parts)
     got = np.concatenate([p[0] for p in parts])
     assert sorted(map(tuple, got)) == sorted(map(tuple, X))
     assert len(set(parts[0][1].tolist())) > 1  # shuffled: a block is not one label
@@ -118,12 +118,42 @@ def test_partitions_cover_rows_exactly_once(tmp_path) -> None:
     np.testing.assert_array_equal(test, expected)
 
 
+def test_partitions_are_scaled_by_statistics_of_all_training_rows(tmp_path) -> None:
+    import scipy.sparse as sp
+
+    from apps.mlr.model import Scaler
+
+    rng = np.random.default_rng(1)
+    X = rng.normal(loc=[0, 5, -3, 7], scale=[1, 10, 0.01, 0], size=(203, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 203)
+    np.savez(tmp_path / "t.npz", X=X, y=y)
+    s = Settings.from_config({"train": str(tmp_path / "t.npz")})
+    parts = [data.train_partition(s, e, 3) for e in range(3)]
+    got = np.concatenate([p[0] for p in parts]).astype(np.float64)
+    np.testing.assert_allclose(got.mean(axis=0), 0, atol=1e-5)
+    np.testing.assert_allclose(got.std(axis=0), [1, 1, 1, 0], atol=1e-4)  # a constant column stays 0
+    # the folded-back model scores raw rows exactly as the trained one scores scaled rows
+    scaler = parts[0][4]
+    W, b = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+    W_raw, b_raw = scaler.raw_model(W, b)
+    np.testing.assert_allclose(X @ W_raw + b_raw, scaler.transform(X) @ W + b, rtol=1e-4, atol=1e-3)
+    # sparse: each column divided by the root mean square of its non-zero values, the pattern kept
+    S = sp.csr_matrix(np.where(X > 0.5, X, 0))
+    sparse = Scaler.fit(S)
+    T = sparse.transform(S)
+    assert sparse.shift is None and T.nnz == S.nnz
+    rms = np.sqrt(T.multiply(T).sum(axis=0).A1 / np.maximum(S.getnnz(axis=0), 1))
+    np.testing.assert_allclose(rms, [1, 1, 0, 1], rtol=1e-5)
+    W_raw, b_raw = sparse.raw_model(W, b)
+    np.testing.assert_allclose(S @ W_raw + b_raw, T @ W + b, rtol=1e-4, atol=1e-3)
+
+
 def test_test_file_narrower_than_training_is_padded(tmp_path) -> None:
     train, test = tmp_path / "train.svm", tmp_path / "test.svm"
     train.write_text("0 1:1 5:1\n1 2:1\n")
     test.write_text("1 2:1\n0 1:1 7:3\n")
     s = Settings.from_config({"train": str(train), "test": str(test)})
-    X, y, d, classes = data.train_partition(s, 0, 1)
+    X, y, d, classes, _ = data.train_partition(s, 0, 1)
     assert (d, classes) == (5, 2)
     Xt, yt = data.test_share(s, 0, 1, d, classes)
     assert Xt.shape == (2, 5)
@@ -132,7 +162,7 @@ def test_test_file_narrower_than_training_is_padded(tmp_path) -> None:
 
 def test_settings_validation() -> None:
     s = Settings.from_config({"synthetic": 1})
-    assert (s.d, s.classes, s.staleness, s.epochs) == (100, 10, 2, 10)
+    assert (s.d, s.classes, s.staleness, s.epochs) == (100, 10, 2, 100)
     assert s.batches_per_task_for(2) == 4 and s.batches_per_task_for(16) == 1
     with pytest.raises(ValueError, match="unknown config key"):
         Settings.from_config({"synthetic": 1, "learning_rate": 0.1})

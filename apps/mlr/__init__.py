@@ -52,12 +52,13 @@ from . import data, model
 from .settings import Settings
 
 
-def _train_args(iteration: int, executor: int, *, per_epoch: int) -> tuple:
-    return ("train", iteration, per_epoch)
+def _train_args(iteration: int, executor: int, *, per_epoch: int, batch_size: int, l2: float) -> tuple:
+    return ("train", iteration, per_epoch, batch_size, l2)
 
 
 class MLRDriver(litz.Driver):
-    """Learns the partition sizes, runs ``epochs`` epochs of SSP iterations, then one evaluation round."""
+    """Learns the partition sizes, runs SSP iterations until the training loss stops improving (at most
+    ``epochs`` epochs), then one evaluation round."""
 
     def dispatch_initial_tasks(self) -> None:
         self.settings = Settings.from_config(self.config)
@@ -92,12 +93,14 @@ class MLRDriver(litz.Driver):
         self.rows = sum(r["rows"] for r in self.infos)
         if not self.rows:
             raise ValueError("no training rows")
-        s = self.settings
+        s = self.settings = self.settings.for_rows(self.rows)
         batches = max(math.ceil(r["rows"] / s.batch_size) for r in self.infos)
         self.per_epoch = max(1, math.ceil(batches / s.batches_per_task_for(self.num_executors)))
+        self.epochs_run, self.best_loss, self.flat_epochs = 0, math.inf, 0
         self.ssp = SSP(self, s.staleness, s.epochs * self.per_epoch,
-                       task_args=functools.partial(_train_args, per_epoch=self.per_epoch))
-        self.set_total(s.epochs, unit="epoch")  # the progress line: epoch 3/10 and an ETA
+                       task_args=functools.partial(_train_args, per_epoch=self.per_epoch,
+                                                   batch_size=s.batch_size, l2=s.l2))
+        self.set_total(s.epochs, unit="epoch")  # the progress line: epoch 3/100 (the cap) and an ETA
         self.ssp.start()
         if self.ssp.done:  # epochs=0: evaluate the zero model
             self._start_eval()
@@ -113,9 +116,20 @@ class MLRDriver(litz.Driver):
                 epoch = iteration // self.per_epoch
                 loss, correct, count = self.epoch_stats.pop(epoch)
                 count = max(count, 1)
+                self.epochs_run = epoch + 1
                 self.report(epoch=epoch + 1, loss=loss / count, train_accuracy=correct / count)
+                if self._stalled(loss / count):
+                    self.ssp.stop()
         if self.ssp.done:
             self._start_eval()
+
+    def _stalled(self, loss: float) -> bool:
+        """The stopping rule (scikit-learn's SGD rule): ``patience`` epochs in a row whose running training
+        loss is not ``tol`` below the best so far. The iterations already dispatched still run."""
+        tol = self.settings.tol
+        self.flat_epochs = self.flat_epochs + 1 if loss > self.best_loss - tol else 0
+        self.best_loss = min(self.best_loss, loss)
+        return bool(tol) and self.flat_epochs >= self.settings.patience
 
     def _start_eval(self) -> None:
         for executor in range(self.num_executors):
@@ -134,8 +148,9 @@ class MLRDriver(litz.Driver):
             "train_accuracy": total("train_correct") / train_rows,
             "test_loss": total("test_loss") / test_rows if has_test and test_rows else None,
             "test_accuracy": total("test_correct") / test_rows if has_test and test_rows else None,
-            "epochs": self.settings.epochs,
-            "iterations": self.settings.epochs * self.per_epoch,
+            "epochs": self.epochs_run,
+            "iterations": self.ssp.iterations,
+            "batch_size": self.settings.batch_size,
             "train_rows": int(train_rows),
             "test_rows": int(test_rows),
             "model": self.output,
@@ -160,19 +175,19 @@ class MLRDriver(litz.Driver):
 class MLRExecutor(litz.Executor):
     """Holds one partition of the training rows; runs SGD steps and evaluations against the PS weights."""
 
-    input_attrs = ("X", "y")
+    input_attrs = ("X", "y", "scaler")
 
     def load_input(self) -> None:
         self.settings = Settings.from_config(self.config)
-        self.X, self.y, self.d, self.classes = data.train_partition(self.settings, self.executor_id,
-                                                                    self.num_executors)
+        self.X, self.y, self.d, self.classes, self.scaler = data.train_partition(
+            self.settings, self.executor_id, self.num_executors)
         self.bounds = [data.block(self.d, min(self.settings.blocks, self.d), k)
                        for k in range(min(self.settings.blocks, self.d))]
 
     def run_task(self, args: tuple) -> dict[str, Any]:
         kind = args[0]
         if kind == "train":
-            return self._train(args[1], args[2])
+            return self._train(*args[1:])
         if kind == "eval":
             return self._eval()
         if kind == "info":
@@ -181,44 +196,69 @@ class MLRExecutor(litz.Executor):
         raise ValueError(f"unknown MLR task {args!r}")
 
     # -- parameter server ------------------------------------------------------------------------------
-    def _keys(self) -> list:
-        return [("W", k) for k in range(len(self.bounds))] + [("b",)]
+    # AdaGrad's sums of squared gradients are keys ("GW", k) and ("Gb",) beside the weights, summed over
+    # every executor's steps as the weights are: each executor scales its steps by what all of them have
+    # seen (stale by at most ``staleness`` iterations, as the weights are), not by its own share of it.
+    def _keys(self, names: tuple[str, str]) -> list:
+        return [(names[0], k) for k in range(len(self.bounds))] + [(names[1],)]
 
-    def _fetch(self) -> tuple[np.ndarray, np.ndarray]:
-        """Current (possibly stale) weights as fresh writable float32 arrays; missing keys are zeros."""
-        W = np.zeros((self.d, self.classes), np.float32)
-        b = np.zeros(self.classes, np.float32)
-        *blocks, bias = self.ps_get_many(self._keys())
-        for (lo, hi), value in zip(self.bounds, blocks, strict=True):
-            if value is not None:
-                W[lo:hi] = value
-        if bias is not None:
-            b[:] = bias
-        return W, b
+    def _fetch(self, names: tuple[str, ...] = ("W", "b")) -> list[np.ndarray]:
+        """Current (possibly stale) values of ``W, b`` (and ``GW, Gb``) as fresh writable float32 arrays;
+        missing keys are zeros."""
+        pairs = [names[i:i + 2] for i in range(0, len(names), 2)]
+        values = self.ps_get_many([key for pair in pairs for key in self._keys(pair)])
+        out, per = [], len(self.bounds) + 1
+        for i in range(len(pairs)):
+            *blocks, bias = values[i * per:(i + 1) * per]
+            M = np.zeros((self.d, self.classes), np.float32)
+            v = np.zeros(self.classes, np.float32)
+            for (lo, hi), value in zip(self.bounds, blocks, strict=True):
+                if value is not None:
+                    M[lo:hi] = value
+            if bias is not None:
+                v[:] = bias
+            out += [M, v]
+        return out
 
-    def _push(self, dW: np.ndarray, db: np.ndarray) -> None:
-        items = [(("W", k), dW[lo:hi]) for k, (lo, hi) in enumerate(self.bounds) if np.any(dW[lo:hi])]
-        self.ps_update_many(items + [(("b",), db)])
+    def _push(self, names: tuple[str, str], dM: np.ndarray, dv: np.ndarray) -> list:
+        """Update items for ``dM``, ``dv`` (blocks of ``dM`` that are all zero, as sparse data leaves many,
+        are skipped)."""
+        return ([((names[0], k), dM[lo:hi]) for k, (lo, hi) in enumerate(self.bounds) if np.any(dM[lo:hi])]
+                + [((names[1],), dv)])
+
+    def raw_model(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(W, b)`` for raw (unscaled) features: the trained weights with the feature scaling folded in."""
+        W, b = self._fetch()
+        return self.scaler.raw_model(W, b) if self.scaler else (W, b)
 
     # -- tasks -----------------------------------------------------------------------------------------
-    def _train(self, iteration: int, per_epoch: int) -> dict[str, Any]:
+    def _train(self, iteration: int, per_epoch: int, batch_size: int, l2: float) -> dict[str, Any]:
         s = self.settings
         epoch, clock = divmod(iteration, per_epoch)
-        batches = math.ceil(len(self.y) / s.batch_size)
+        batches = math.ceil(len(self.y) / batch_size)
         order = np.random.default_rng([s.seed, 3, epoch, self.executor_id]).permutation(batches)
-        mine = order[clock * batches // per_epoch:(clock + 1) * batches // per_epoch] * s.batch_size
-        W, b = self._fetch()
-        W0, b0 = W.copy(), b.copy()
-        loss, correct, count = model.sgd_steps(self.X, self.y, W, b, mine, batch_size=s.batch_size,
-                                               lr=s.lr_at(epoch), l2=s.l2)
+        mine = order[clock * batches // per_epoch:(clock + 1) * batches // per_epoch] * batch_size
+        adagrad = s.optimizer == "adagrad"
+        params = self._fetch(("W", "b", "GW", "Gb") if adagrad else ("W", "b"))
+        before = [p.copy() for p in params]
+        unseen = s.unseen_steps(self.num_executors)
+        loss, correct, count = model.sgd_steps(self.X, self.y, *params[:2], mine, batch_size=batch_size,
+                                               lr=s.lr_at(epoch), l2=l2,
+                                               adagrad=tuple(params[2:]) if adagrad else None, peers=1 + unseen)
         if count:
-            self._push(W - W0, b - b0)
+            deltas = [p - p0 for p, p0 in zip(params, before, strict=True)]
+            items = self._push(("W", "b"), *deltas[:2])
+            if adagrad:
+                items += self._push(("GW", "Gb"), *(delta / np.float32(1 + unseen) for delta in deltas[2:]))
+            self.ps_update_many(items)
         return {"kind": "train", "iteration": iteration, "loss": loss, "correct": correct, "count": count}
 
     def _eval(self) -> dict[str, Any]:
         W, b = self._fetch()
         train_loss, train_correct, train_count = model.evaluate(self.X, self.y, W, b)
         test = data.test_share(self.settings, self.executor_id, self.num_executors, self.d, self.classes)
+        if test and self.scaler:
+            test = self.scaler.transform(test[0]), test[1]
         test_loss, test_correct, test_count = model.evaluate(*test, W, b) if test else (0.0, 0, 0)
         return {"kind": "eval", "train_loss": train_loss, "train_correct": train_correct,
                 "train_count": train_count, "test_loss": test_loss, "test_correct": test_correct,

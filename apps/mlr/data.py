@@ -21,6 +21,7 @@ import scipy.sparse as sp
 
 import litz
 
+from .model import Scaler
 from .settings import Settings
 
 _CHUNK = 4096  # rows per independently seeded synthetic chunk; part of the stream's definition
@@ -187,21 +188,24 @@ def block(n: int, parts: int, part: int) -> tuple[int, int]:
 
 
 # --------------------------------------------------------------------------------------------- partitions
-Partition = tuple[np.ndarray | sp.csr_matrix, np.ndarray, int, int]
+Partition = tuple[np.ndarray | sp.csr_matrix, np.ndarray, int, int, Scaler | None]
 
 
 def train_partition(settings: Settings, executor: int, num_executors: int) -> Partition:
-    """``(X, y, d, classes)`` for ``executor``: its contiguous block of the (shuffled) training rows.
+    """``(X, y, d, classes, scaler)`` for ``executor``: its contiguous block of the (shuffled) training rows,
+    scaled by ``scaler`` (fitted on all training rows; None when there is nothing to scale).
 
-    A synthetic executor generates only its own rows. A file is read whole by every executor and shuffled
-    with a permutation fixed by ``seed`` (files are often sorted by label), so all executors agree on the
-    partitioning, on ``d`` (the widest feature index) and on the number of classes without talking.
+    A synthetic executor generates only its own rows; they are standardised by construction (N(0, 1)
+    features), so there is no scaler. A file is read whole by every executor and shuffled with a
+    permutation fixed by ``seed`` (files are often sorted by label), so all executors agree on the
+    partitioning, on ``d`` (the widest feature index), on the number of classes and on the scaler without
+    talking.
     """
     if settings.synthetic:
         lo, hi = block(settings.n, num_executors, executor)
         X, y = synthetic_rows(lo, hi, d=settings.d, classes=settings.classes, seed=settings.seed,
                               signal=settings.signal)
-        return X, y, settings.d, settings.classes
+        return X, y, settings.d, settings.classes, None
     path = settings.train
     X, y = load_file(path)
     if not len(y):
@@ -215,7 +219,10 @@ def train_partition(settings: Settings, executor: int, num_executors: int) -> Pa
         raise DataError(f"{path}: label {int(y.max())} >= classes={classes}")
     lo, hi = block(len(y), num_executors, executor)
     rows = np.random.default_rng([settings.seed, 2]).permutation(len(y))[lo:hi]
-    return X[rows], y[rows], d, classes
+    if not settings.scale:
+        return X[rows], y[rows], d, classes, None
+    scaler = Scaler.fit(X)
+    return scaler.transform(X[rows]), y[rows], d, classes, scaler
 
 
 def test_share(settings: Settings, executor: int, num_executors: int, d: int,

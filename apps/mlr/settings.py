@@ -1,12 +1,18 @@
-"""The MLR app's configuration (``--config key=value``), validated once so a typo is one clear error."""
+"""The MLR app's configuration (``--config key=value``), validated once so a typo is one clear error.
+
+Keys left at None are chosen for the data: ``batch_size`` and ``l2`` from the number of training rows
+(:meth:`Settings.for_rows`, in the driver once the executors have counted their rows), ``lr`` and
+``decay`` from the optimiser. apps/mlr/README.md says why each default is what it is.
+"""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from litz.appconfig import ConfigError, with_defaults
 from litz.appconfig import boolean as _bool
+from litz.appconfig import choice as _choice
 from litz.appconfig import integer as _int
 from litz.appconfig import number as _float
 from litz.appconfig import optional_integer as _opt_int
@@ -15,13 +21,31 @@ from litz.appconfig import path as _path
 DEFAULTS: dict[str, Any] = {
     "train": None, "test": None, "synthetic": False,
     "n": 200_000, "n_test": 20_000, "d": None, "classes": None, "seed": 0, "signal": 5.0,
-    "epochs": 10, "lr": 0.5, "decay": 1.0, "batch_size": 256, "batches_per_task": None,
-    "staleness": 2, "l2": 0.0, "blocks": 8,
+    "epochs": 100, "tol": 1e-3, "patience": 3, "optimizer": "adagrad", "lr": None, "decay": None,
+    "batch_size": None, "batches_per_task": None, "staleness": 2, "l2": None, "scale": True, "blocks": 8,
     "output": None,
 }
+OPTIMIZERS = ("adagrad", "sgd")
+LR = {"adagrad": 0.1, "sgd": 0.5}  # default step size per optimiser
+DECAY = {"adagrad": 0.0, "sgd": 1.0}  # default epoch decay: AdaGrad decays per weight already
 SYNTHETIC_D, SYNTHETIC_CLASSES = 100, 10
 ITERATION_BATCHES = 8  # default mini-batches per SSP iteration over all executors (see apps/mlr/__init__.py)
+BATCHES_PER_EPOCH = 128  # the default batch size gives at least this many mini-batches per epoch ...
+MIN_BATCH, MAX_BATCH = 2, 256  # ... within these bounds (powers of two)
 
+
+def auto_batch_size(rows: int) -> int:
+    """The largest power of two in ``[MIN_BATCH, MAX_BATCH]`` that splits ``rows`` into at least
+    ``BATCHES_PER_EPOCH`` mini-batches: small data gets enough steps per epoch to converge in a few dozen
+    epochs, large data keeps batches of 256, which numpy runs at full speed."""
+    size = MAX_BATCH
+    while size > MIN_BATCH and rows < BATCHES_PER_EPOCH * size:
+        size //= 2
+    return size
+
+
+def _opt_float(v: dict, key: str, low: float) -> float | None:
+    return None if v[key] is None else _float(v, key, low)
 
 
 @dataclass(frozen=True)
@@ -36,12 +60,16 @@ class Settings:
     seed: int
     signal: float
     epochs: int
+    tol: float
+    patience: int
+    optimizer: str
     lr: float
     decay: float
-    batch_size: int
+    batch_size: int | None
     batches_per_task: int | None
     staleness: int
-    l2: float
+    l2: float | None
+    scale: bool
     blocks: int
     output: str | None
 
@@ -49,15 +77,18 @@ class Settings:
     def from_config(cls, config: dict | None) -> Settings:
         """Defaults filled in, types checked; raises ValueError naming the bad key."""
         v = with_defaults("apps.mlr", config, DEFAULTS)
+        optimizer = _choice(v, "optimizer", OPTIMIZERS)
         out: dict[str, Any] = {
             "train": _path(v, "train"), "test": _path(v, "test"), "synthetic": _bool(v, "synthetic"),
             "n": _int(v, "n", 1), "n_test": _int(v, "n_test", 0), "d": _opt_int(v, "d", 1),
             "classes": _opt_int(v, "classes", 2), "seed": _int(v, "seed", 0),
-            "signal": _float(v, "signal", 0.0), "epochs": _int(v, "epochs", 0), "lr": _float(v, "lr", 0.0),
-            "decay": _float(v, "decay", 0.0), "batch_size": _int(v, "batch_size", 1),
-            "batches_per_task": _opt_int(v, "batches_per_task", 1), "staleness": _int(v, "staleness", 0),
-            "l2": _float(v, "l2", 0.0), "blocks": _int(v, "blocks", 1),
-            "output": _path(v, "output"),
+            "signal": _float(v, "signal", 0.0), "epochs": _int(v, "epochs", 0), "tol": _float(v, "tol", 0.0),
+            "patience": _int(v, "patience", 1), "optimizer": optimizer,
+            "lr": _float(v, "lr", 0.0) if v["lr"] is not None else LR[optimizer],
+            "decay": _float(v, "decay", 0.0) if v["decay"] is not None else DECAY[optimizer],
+            "batch_size": _opt_int(v, "batch_size", 1), "batches_per_task": _opt_int(v, "batches_per_task", 1),
+            "staleness": _int(v, "staleness", 0), "l2": _opt_float(v, "l2", 0.0), "scale": _bool(v, "scale"),
+            "blocks": _int(v, "blocks", 1), "output": _path(v, "output"),
         }
         if out["synthetic"] == (out["train"] is not None):
             raise ConfigError("apps.mlr needs exactly one of config 'train' (a .npz or libsvm file) "
@@ -68,15 +99,25 @@ class Settings:
         assert {f.name for f in fields(cls)} == set(out)
         return cls(**out)
 
+    def for_rows(self, rows: int) -> Settings:
+        """``batch_size`` and ``l2`` chosen for ``rows`` training rows where the config left them out.
+
+        ``l2 = 1 / rows`` is scikit-learn's default ``LogisticRegression(C=1)``: its penalty
+        ``||W||^2 / 2`` on the summed loss is ``||W||^2 / (2 rows)`` on the mean loss we descend.
+        """
+        return replace(self, batch_size=self.batch_size or auto_batch_size(rows),
+                       l2=self.l2 if self.l2 is not None else 1.0 / max(rows, 1))
+
     def batches_per_task_for(self, num_executors: int) -> int:
         """Mini-batches per task: given, or ~ITERATION_BATCHES per iteration split over the executors."""
         return self.batches_per_task or max(1, ITERATION_BATCHES // max(1, num_executors))
 
+    def unseen_steps(self, num_executors: int) -> int:
+        """The most mini-batch steps of other tasks that a task's read of the weights may miss: the other
+        executors' steps of its own iteration and everybody's of the ``staleness`` iterations before."""
+        per_task = self.batches_per_task_for(num_executors)
+        return ((self.staleness + 1) * num_executors - 1) * per_task
+
     def lr_at(self, epoch: int) -> float:
         """Step size in ``epoch`` (0-based): ``lr / sqrt(1 + decay * epoch)``."""
         return self.lr / math.sqrt(1.0 + self.decay * epoch)
-
-
-
-
-
