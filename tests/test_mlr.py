@@ -62,6 +62,44 @@ def test_sgd_step_is_minus_lr_times_gradient_dense_and_sparse() -> None:
         np.testing.assert_allclose((W0 - W) / 0.5, grad, atol=1e-4)
 
 
+@pytest.mark.timeout(30)
+def test_adagrad_step_divides_by_the_root_of_the_summed_squares() -> None:
+    from apps.mlr import model
+
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((6, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 6)
+    W0 = rng.standard_normal((4, 3)).astype(np.float32) * 0.1
+    b0 = rng.standard_normal(3).astype(np.float32) * 0.1
+    G0, Gb0 = rng.random((4, 3)).astype(np.float32), rng.random(3).astype(np.float32)
+    W, b = W0.copy(), b0.copy()
+    model.sgd_steps(X, y, W, b, np.array([0]), batch_size=6, lr=1.0)  # plain SGD, lr 1: minus the gradient
+    grad_w, grad_b = W0 - W, b0 - b
+    W, b, G, Gb = W0.copy(), b0.copy(), G0.copy(), Gb0.copy()
+    model.sgd_steps(X, y, W, b, np.array([0]), batch_size=6, lr=0.3, adagrad=(G, Gb), peers=3)
+    np.testing.assert_allclose(G, G0 + 3 * grad_w ** 2, rtol=1e-5)
+    np.testing.assert_allclose(Gb, Gb0 + 3 * grad_b ** 2, rtol=1e-5)
+    np.testing.assert_allclose(W, W0 - 0.3 * grad_w / (np.sqrt(G) + model.ADAGRAD_EPS), rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(b, b0 - 0.3 * grad_b / (np.sqrt(Gb) + model.ADAGRAD_EPS), rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.timeout(60)
+def test_in_process_stops_when_the_training_loss_stops_improving() -> None:
+    config = {**CONFIG, "n": 5000, "n_test": 1000}
+    runtime = in_process(config, 3)
+    result = runtime.run()
+    losses = [r["loss"] for r in runtime.reports]
+    tol, patience = 1e-3, 3  # the defaults
+    flat = [i > 0 and losses[i] > min(losses[:i]) - tol for i in range(len(losses))]
+    assert flat[-patience:] == [True] * patience, losses  # stopped after `patience` flat epochs ...
+    assert not any(all(flat[i:i + patience]) for i in range(len(flat) - patience)), losses  # ... not before
+    assert result["epochs"] == len(losses) < 100
+    per_epoch = runtime.driver.per_epoch  # iterations already dispatched when it stopped still ran
+    assert len(losses) * per_epoch <= result["iterations"] <= len(losses) * per_epoch + 3  # staleness + 1
+    fixed = in_process({**config, "tol": 0, "epochs": len(losses) + 2}, 3)
+    assert fixed.run()["epochs"] == len(fixed.reports) == len(losses) + 2  # tol=0: exactly `epochs`
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("num_executors,staleness", [(1, 0), (3, 2), (8, 3)])
 def test_in_process_matches_sklearn(num_executors: int, staleness: int) -> None:

@@ -96,6 +96,21 @@ def test_out_of_order_iterations_finish_in_order() -> None:
 
 
 @pytest.mark.timeout(10)
+def test_stop_dispatches_nothing_more_and_is_done_once_the_dispatched_finish() -> None:
+    driver = FakeDriver(2)
+    ssp = SSP(driver, staleness=1, iterations=10)
+    ssp.start()
+    assert ssp.complete(0) == [] and ssp.complete(0) == [0]  # iteration 2 dispatched
+    ssp.stop()
+    assert ssp.dispatched_iterations == 3 and not ssp.done
+    for it in (2, 1, 2):
+        ssp.complete(it)
+        assert ssp.dispatched_iterations == 3 and not ssp.done
+    assert ssp.complete(1) == [1, 2] and ssp.done
+    assert len(driver.dispatched) == 6  # iterations 0..2 only
+
+
+@pytest.mark.timeout(10)
 def test_explicit_executors_and_args() -> None:
     driver = FakeDriver(10)
     ssp = SSP(driver, staleness=0, iterations=2, executors=[4, 7],
