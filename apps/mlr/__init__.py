@@ -96,7 +96,7 @@ class MLRDriver(litz.Driver):
         s = self.settings = self.settings.for_rows(self.rows)
         batches = max(math.ceil(r["rows"] / s.batch_size) for r in self.infos)
         self.per_epoch = max(1, math.ceil(batches / s.batches_per_task_for(self.num_executors)))
-        self.epochs_run, self.best_loss, self.flat_epochs = 0, math.inf, 0
+        self.epochs_run, self.plateau = 0, model.Plateau(s.tol, s.patience)
         self.ssp = SSP(self, s.staleness, s.epochs * self.per_epoch,
                        task_args=functools.partial(_train_args, per_epoch=self.per_epoch,
                                                    batch_size=s.batch_size, l2=s.l2))
@@ -118,18 +118,10 @@ class MLRDriver(litz.Driver):
                 count = max(count, 1)
                 self.epochs_run = epoch + 1
                 self.report(epoch=epoch + 1, loss=loss / count, train_accuracy=correct / count)
-                if self._stalled(loss / count):
+                if self.plateau.stop(loss / count):  # the iterations already dispatched still run
                     self.ssp.stop()
         if self.ssp.done:
             self._start_eval()
-
-    def _stalled(self, loss: float) -> bool:
-        """The stopping rule (scikit-learn's SGD rule): ``patience`` epochs in a row whose running training
-        loss is not ``tol`` below the best so far. The iterations already dispatched still run."""
-        tol = self.settings.tol
-        self.flat_epochs = self.flat_epochs + 1 if loss > self.best_loss - tol else 0
-        self.best_loss = min(self.best_loss, loss)
-        return bool(tol) and self.flat_epochs >= self.settings.patience
 
     def _start_eval(self) -> None:
         for executor in range(self.num_executors):
@@ -196,39 +188,44 @@ class MLRExecutor(litz.Executor):
         raise ValueError(f"unknown MLR task {args!r}")
 
     # -- parameter server ------------------------------------------------------------------------------
-    # AdaGrad's sums of squared gradients are keys ("GW", k) and ("Gb",) beside the weights, summed over
-    # every executor's steps as the weights are: each executor scales its steps by what all of them have
-    # seen (stale by at most ``staleness`` iterations, as the weights are), not by its own share of it.
-    def _keys(self, names: tuple[str, str]) -> list:
-        return [(names[0], k) for k in range(len(self.bounds))] + [(names[1],)]
+    # Parameter-server layout: key ("W", k) holds rows ``bounds[k]`` of the stacked parameters, shape
+    # (depth, rows, classes): the weights, and with AdaGrad below them its sums of squared gradients; ("b",)
+    # holds (depth, classes). The sums are updated additively like the weights, so each executor scales its
+    # steps by what every executor has seen (stale as the weights are), not by its own share of it; stacked
+    # in the same keys, they cost a task no more keys (the runtime's cost is per key) than plain SGD.
+    def _depth(self) -> int:
+        return 2 if self.settings.optimizer == "adagrad" else 1
 
-    def _fetch(self, names: tuple[str, ...] = ("W", "b")) -> list[np.ndarray]:
-        """Current (possibly stale) values of ``W, b`` (and ``GW, Gb``) as fresh writable float32 arrays;
-        missing keys are zeros."""
-        pairs = [names[i:i + 2] for i in range(0, len(names), 2)]
-        values = self.ps_get_many([key for pair in pairs for key in self._keys(pair)])
-        out, per = [], len(self.bounds) + 1
-        for i in range(len(pairs)):
-            *blocks, bias = values[i * per:(i + 1) * per]
-            M = np.zeros((self.d, self.classes), np.float32)
-            v = np.zeros(self.classes, np.float32)
-            for (lo, hi), value in zip(self.bounds, blocks, strict=True):
-                if value is not None:
-                    M[lo:hi] = value
-            if bias is not None:
-                v[:] = bias
-            out += [M, v]
-        return out
+    def _keys(self) -> list:
+        return [("W", k) for k in range(len(self.bounds))] + [("b",)]
 
-    def _push(self, names: tuple[str, str], dM: np.ndarray, dv: np.ndarray) -> list:
-        """Update items for ``dM``, ``dv`` (blocks of ``dM`` that are all zero, as sparse data leaves many,
-        are skipped)."""
-        return ([((names[0], k), dM[lo:hi]) for k, (lo, hi) in enumerate(self.bounds) if np.any(dM[lo:hi])]
-                + [((names[1],), dv)])
+    def _fetch(self) -> tuple[np.ndarray, np.ndarray]:
+        """Current (possibly stale) stacked parameters ``(P, B)`` as fresh writable float32 arrays, ``P[0]``
+        the weights ``W`` (d x classes) and ``B[0]`` the biases; missing keys are zeros."""
+        P = np.zeros((self._depth(), self.d, self.classes), np.float32)
+        B = np.zeros((self._depth(), self.classes), np.float32)
+        *blocks, bias = self.ps_get_many(self._keys())
+        for (lo, hi), value in zip(self.bounds, blocks, strict=True):
+            if value is not None:
+                P[:, lo:hi] = value
+        if bias is not None:
+            B[:] = bias
+        return P, B
+
+    def _push(self, dP: np.ndarray, dB: np.ndarray) -> None:
+        """Add ``(dP, dB)``; blocks that are all zero (sparse data leaves many) are not sent."""
+        items = [(("W", k), np.ascontiguousarray(dP[:, lo:hi])) for k, (lo, hi) in enumerate(self.bounds)
+                 if np.any(dP[:, lo:hi])]
+        self.ps_update_many(items + [(("b",), dB)])
+
+    def weights(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(W, b)`` as trained, for scaled features (what the training and evaluation tasks use)."""
+        P, B = self._fetch()
+        return P[0], B[0]
 
     def raw_model(self) -> tuple[np.ndarray, np.ndarray]:
         """``(W, b)`` for raw (unscaled) features: the trained weights with the feature scaling folded in."""
-        W, b = self._fetch()
+        W, b = self.weights()
         return self.scaler.raw_model(W, b) if self.scaler else (W, b)
 
     # -- tasks -----------------------------------------------------------------------------------------
@@ -238,23 +235,21 @@ class MLRExecutor(litz.Executor):
         batches = math.ceil(len(self.y) / batch_size)
         order = np.random.default_rng([s.seed, 3, epoch, self.executor_id]).permutation(batches)
         mine = order[clock * batches // per_epoch:(clock + 1) * batches // per_epoch] * batch_size
-        adagrad = s.optimizer == "adagrad"
-        params = self._fetch(("W", "b", "GW", "Gb") if adagrad else ("W", "b"))
-        before = [p.copy() for p in params]
+        P, B = self._fetch()
+        P0, B0 = P.copy(), B.copy()
         unseen = s.unseen_steps(self.num_executors)
-        loss, correct, count = model.sgd_steps(self.X, self.y, *params[:2], mine, batch_size=batch_size,
-                                               lr=s.lr_at(epoch), l2=l2,
-                                               adagrad=tuple(params[2:]) if adagrad else None, peers=1 + unseen)
+        loss, correct, count = model.sgd_steps(self.X, self.y, P[0], B[0], mine, batch_size=batch_size,
+                                               lr=s.lr_at(epoch), l2=l2, peers=1 + unseen,
+                                               adagrad=(P[1], B[1]) if len(P) > 1 else None)
         if count:
-            deltas = [p - p0 for p, p0 in zip(params, before, strict=True)]
-            items = self._push(("W", "b"), *deltas[:2])
-            if adagrad:
-                items += self._push(("GW", "Gb"), *(delta / np.float32(1 + unseen) for delta in deltas[2:]))
-            self.ps_update_many(items)
+            dP, dB = P - P0, B - B0
+            dP[1:] /= np.float32(1 + unseen)  # the servers sum true squared gradients, not the step's guess
+            dB[1:] /= np.float32(1 + unseen)
+            self._push(dP, dB)
         return {"kind": "train", "iteration": iteration, "loss": loss, "correct": correct, "count": count}
 
     def _eval(self) -> dict[str, Any]:
-        W, b = self._fetch()
+        W, b = self.weights()
         train_loss, train_correct, train_count = model.evaluate(self.X, self.y, W, b)
         test = data.test_share(self.settings, self.executor_id, self.num_executors, self.d, self.classes)
         if test and self.scaler:

@@ -5,6 +5,7 @@ the weights for a model on raw features) and AdaGrad, whose accumulators live ne
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,6 +65,21 @@ class Scaler:
         W_raw = W * self.mult[:, None]
         b_raw = b if self.shift is None else b - self.shift @ W_raw
         return W_raw.astype(np.float32), np.asarray(b_raw, dtype=np.float32)
+
+
+class Plateau:
+    """The stopping rule (scikit-learn's SGD rule): stop after ``patience`` epochs in a row whose training
+    loss is not ``tol`` below the best so far. ``tol = 0`` never stops."""
+
+    def __init__(self, tol: float, patience: int) -> None:
+        self.tol, self.patience = tol, patience
+        self.best, self.flat = math.inf, 0
+
+    def stop(self, loss: float) -> bool:
+        """Record one epoch's loss; True once training should stop."""
+        self.flat = self.flat + 1 if loss > self.best - self.tol else 0
+        self.best = min(self.best, loss)
+        return bool(self.tol) and self.flat >= self.patience
 
 
 def _log_softmax(X: Matrix, W: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -55,10 +55,12 @@ class TimedMLRExecutor(mlr.MLRExecutor):
         super().load_input()
         s = self.settings
         self.X_test, self.y_test = data.test_share(s, 0, 1, self.d, self.classes)
+        if self.scaler:
+            self.X_test = self.scaler.transform(self.X_test)
 
     def run_task(self, args):
         if args[0] != "test":
             return super().run_task(args)
-        W, b = self._fetch()
+        W, b = self.weights()
         _, correct, count = model.evaluate(self.X_test, self.y_test, W, b)
         return {"kind": "test", "epoch": args[1], "accuracy": correct / max(count, 1)}
