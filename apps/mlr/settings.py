@@ -31,7 +31,7 @@ DECAY = {"adagrad": 0.0, "sgd": 1.0}  # default epoch decay: AdaGrad decays per 
 SYNTHETIC_D, SYNTHETIC_CLASSES = 100, 10
 ITERATION_BATCHES = 8  # default mini-batches per SSP iteration over all executors (see apps/mlr/__init__.py)
 BATCHES_PER_EPOCH = 128  # the default batch size gives at least this many mini-batches per epoch ...
-MIN_BATCH, MAX_BATCH = 2, 256  # ... within these bounds (powers of two)
+MIN_BATCH, MAX_BATCH = 2, 1024  # ... within these bounds (powers of two)
 
 
 def auto_batch_size(rows: int) -> int:
