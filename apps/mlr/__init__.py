@@ -3,14 +3,18 @@
 Run: ``litz run apps.mlr --config synthetic=1`` (see README.md in this directory for every key).
 
 Model: ``W`` (d x classes) and ``b`` live in the parameter server as float32 row blocks ``("W", k)`` and
-``("b",)``; they start at zero (a never-updated key reads as None = zeros). Executors hold a partition of
-the rows (``X``, ``y``: input data, re-loaded rather than moved on scale-in).
+``("b",)``, with AdaGrad's sums of squared gradients stacked under them; they start at zero (a
+never-updated key reads as None = zeros). Executors hold a partition of the rows (``X``, ``y``, and the
+feature ``scaler`` fitted on all training rows: input data, re-loaded rather than moved on scale-in).
 
-A task fetches the weights once, runs a few mini-batch SGD steps on its own partition starting from them,
-and adds its summed step (``-lr * gradients``) to the server: plain data-parallel SGD, Bösen-style, each
-row's gradient counted once. The driver runs iterations through :class:`litz.ssp.SSP` (``staleness``,
-default 2): all tasks of one iteration share a version, hence cached weights, and may miss the updates
-of the ``staleness`` previous iterations.
+A task fetches the parameters once, runs a few mini-batch steps (AdaGrad by default, or plain SGD) on its
+own partition starting from them, and adds its summed step and squared gradients to the server:
+data-parallel, Bösen-style, each row's gradient counted once. A step divides by the root of the summed
+squares as if the steps its stale read may miss (``Settings.unseen_steps``) had the same gradient, so the
+first steps of many executors, all taken from zero sums, do not add up to an overshoot. The driver runs
+iterations through :class:`litz.ssp.SSP` (``staleness``, default 2): all tasks of one iteration share a
+version, hence cached parameters, and may miss the updates of the ``staleness`` previous iterations. It
+stops once the training loss has not improved by ``tol`` for ``patience`` epochs (``epochs`` is the cap).
 
 Why a few mini-batches per task rather than a whole pass over the partition (iteration = epoch): the
 steps that all executors take in up to ``staleness + 1`` iterations start from the same stale weights and
@@ -27,9 +31,10 @@ the runtime's per-task overhead matters more than the arithmetic. Executors keep
 their data, so moving and checkpointing them is cheap.
 
 Protocol (task arguments -> result dicts):
- * ``("info",)`` -> partition size, ``d`` and ``classes``: the driver learns the epoch length.
- * ``("train", iteration, iterations_per_epoch)`` -> summed loss, correct predictions and rows of the
-   mini-batches run (measured before each step); the driver reports per-epoch loss and accuracy.
+ * ``("info",)`` -> partition size, ``d`` and ``classes``: the driver learns the number of rows, picks the
+   batch size and ``l2`` for it, and the epoch length.
+ * ``("train", iteration, iterations_per_epoch, batch_size, l2)`` -> summed loss, correct predictions and
+   rows of the mini-batches run (measured before each step); the driver reports per-epoch loss and accuracy.
  * ``("eval",)`` once all training completed, so it sees every update (the consistency rule) -> loss and
    correct counts of the final weights on the executor's training rows and its block of the test set.
 
