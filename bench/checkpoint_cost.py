@@ -29,6 +29,8 @@ import time
 import _jobs
 import _table
 
+from apps.mlr.settings import THESIS_SGD
+
 WORKERS, EXECUTORS = 2, 8
 
 
@@ -85,7 +87,7 @@ def main() -> int:
     repeats = args.repeats or (1 if args.quick else 2)
     epochs = args.epochs or (6 if args.quick else 10)
     config = {"synthetic": 1, "n": 100_000 if args.quick else 200_000, "n_test": 20_000, "d": 500, "classes": 100,
-              "epochs": epochs, "staleness": 2, "seed": 0}
+              "epochs": epochs, "staleness": 2, "seed": 0, **THESIS_SGD}
 
     rounds = []
     with tempfile.TemporaryDirectory(prefix="litz-bench-ckpt-") as tmp:

@@ -32,6 +32,8 @@ import time
 import _jobs
 import _table
 
+from apps.mlr.settings import THESIS_SGD
+
 WORKERS, EXECUTORS = 2, 8
 
 
@@ -140,7 +142,7 @@ def main() -> int:
     args = ap.parse_args()
     repeats = args.repeats or (1 if args.quick else 3)
     config = {"synthetic": 1, "n": 100_000 if args.quick else 200_000, "n_test": 20_000, "d": 500, "classes": 100,
-              "epochs": 6 if args.quick else 10, "staleness": 2, "seed": 0}
+              "epochs": 6 if args.quick else 10, "staleness": 2, "seed": 0, **THESIS_SGD}
     runs: dict[str, list[dict]] = {"connection": [], "lease": []}
     with tempfile.TemporaryDirectory(prefix="litz-bench-cluster-") as tmp:
         etcd_proc, etcd = start_etcd(tmp)

@@ -31,6 +31,8 @@ import time
 import _jobs
 import _table
 
+from apps.mlr.settings import THESIS_SGD
+
 WORKERS, SERVERS, EXECUTORS = 2, 2, 8
 CHECKPOINT_EVERY_S = 1.0
 
@@ -90,7 +92,7 @@ def main() -> int:
     # ended before its second kill was confirmed (2026-11-26), so 60.
     epochs = args.epochs or (60 if args.quick else 160)
     config = {"synthetic": 1, "n": 50_000 if args.quick else 100_000, "n_test": 20_000, "d": 500, "classes": 100,
-              "epochs": epochs, "staleness": 2, "seed": 0}
+              "epochs": epochs, "staleness": 2, "seed": 0, **THESIS_SGD}
     rng = random.Random(args.seed)
 
     with tempfile.TemporaryDirectory(prefix="litz-bench-soak-") as tmp:

@@ -38,11 +38,12 @@ import _table
 import numpy as np
 
 import litz
+from apps.mlr.settings import THESIS_SGD
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 APP = os.path.join(HERE, "apps", "mlr_tta.py")
 WORKERS, EXECUTORS = 2, 8
-OLD_DEFAULTS = {"optimizer": "sgd", "lr": 0.5, "decay": 1.0, "batch_size": 256, "epochs": 10, "tol": 0, "l2": 0}
+OLD_DEFAULTS = {**THESIS_SGD, "epochs": 10}
 
 
 def time_to_target(curve: list[dict], target: float) -> float | None:

@@ -26,6 +26,7 @@ import tempfile
 import _table
 
 import litz
+from apps.mlr.settings import THESIS_SGD
 
 PER_WORKER = (1, 2, 4, 8, 16)
 WORKERS = 2
@@ -57,7 +58,7 @@ def main() -> int:
     repeats = args.repeats or (1 if args.quick else 5)
     epochs = args.epochs or (3 if args.quick else 10)
     rows = args.rows or (50_000 if args.quick else 200_000)
-    base = {"synthetic": 1, "n": rows, "n_test": 20_000, "epochs": epochs, "staleness": 2, "seed": 0}
+    base = {**THESIS_SGD, "synthetic": 1, "n": rows, "n_test": 20_000, "epochs": epochs, "staleness": 2, "seed": 0}
     sweeps = {"default": base, "fixed": {**base, "batches_per_task": 1}}
 
     runs: dict[str, dict[int, list]] = {s: {k: [] for k in PER_WORKER} for s in sweeps}

@@ -34,6 +34,8 @@ import time
 import _jobs
 import _table
 
+from apps.mlr.settings import THESIS_SGD
+
 ARRIVAL_AT = 0.60
 
 
@@ -119,7 +121,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=1, help="rounds of the three scenarios (default 1)")
     ap.add_argument("--blas-threads", default="1", help="BLAS threads per process ('default': the library's)")
     args = ap.parse_args()
-    common = {"synthetic": 1, "n_test": 20_000, "d": 500, "classes": 100, "staleness": 2}
+    common = {**THESIS_SGD, "synthetic": 1, "n_test": 20_000, "d": 500, "classes": 100, "staleness": 2}
     a_cfg = {**common, "n": 100_000 if args.quick else 200_000, "epochs": 10 if args.quick else 30, "seed": 0}
     b_cfg = {**common, "n": 50_000 if args.quick else 100_000, "epochs": 6 if args.quick else 20, "seed": 1}
 

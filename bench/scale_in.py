@@ -38,6 +38,8 @@ import time
 import _jobs
 import _table
 
+from apps.mlr.settings import THESIS_SGD
+
 WORKERS, SERVERS, EXECUTORS = 4, 3, 16
 OPS = (("workers", "4->2", ("--workers", "2")), ("servers", "3->1", ("--servers", "1")))
 
@@ -120,7 +122,7 @@ def main() -> int:
     args = ap.parse_args()
     repeats = args.repeats or (1 if args.quick else 3)
     classes = args.classes or (100 if args.quick else 250)
-    config = {"synthetic": 1, "n": 65_536, "n_test": 4096, "d": 1000, "classes": classes, "blocks": 64,
+    config = {**THESIS_SGD, "synthetic": 1, "n": 65_536, "n_test": 4096, "d": 1000, "classes": classes, "blocks": 64,
               "epochs": 1000, "staleness": 2, "seed": 0}
     state_bytes, load_input_s = executor_state_bytes(config)
     model_bytes = config["d"] * classes * 4 + classes * 4

@@ -33,6 +33,8 @@ import tempfile
 import _jobs
 import _table
 
+from apps.mlr.settings import THESIS_SGD
+
 TRIGGER_AT = 0.30
 EXECUTORS = 8
 
@@ -71,7 +73,7 @@ def main() -> int:
     repeats = args.repeats or (1 if args.quick else 2)
     epochs = args.epochs or (12 if args.quick else 30)
     rows = args.rows or (100_000 if args.quick else 200_000)
-    config = {"synthetic": 1, "n": rows, "n_test": 20_000, "d": 500, "classes": 100, "epochs": epochs,
+    config = {**THESIS_SGD, "synthetic": 1, "n": rows, "n_test": 20_000, "d": 500, "classes": 100, "epochs": epochs,
               "staleness": 2, "seed": 0}
 
     rounds = []

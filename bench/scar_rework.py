@@ -79,6 +79,7 @@ import _table
 import numpy as np
 
 from apps.mlr.data import synthetic_rows
+from apps.mlr.settings import THESIS_SGD
 from litz.scar import element_distances, farthest, select_priority, top_count
 
 NAME = "scar_rework"
@@ -450,8 +451,8 @@ def print_sim(res: dict, name: str) -> None:
 # 4x the rows at 1/4 the step of the 2026-11-23 job (60 000, 0.05): the same loss per epoch, 4x the seconds per
 # epoch. With the shared-memory PS an epoch of 60 000 rows took 0.11 s, and the job ended before a checkpoint
 # taken every second was old enough to kill after.
-JOB_CONFIG = {"synthetic": 1, "n": 240_000, "n_test": 0, "d": 100, "epochs": 14, "lr": 0.0125, "decay": 0.0,
-              "blocks": 100, "staleness": 2, "seed": 0}
+JOB_CONFIG = {**THESIS_SGD, "synthetic": 1, "n": 240_000, "n_test": 0, "d": 100, "epochs": 14, "lr": 0.0125,
+              "decay": 0.0, "blocks": 100, "staleness": 2, "seed": 0}
 
 
 def crossing(epochs: list[int], losses: list[float], target: float) -> float | None:

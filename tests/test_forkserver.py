@@ -142,8 +142,8 @@ def test_the_fork_server_reports_how_each_child_ended_and_takes_the_rest_with_it
 
 def running_mlr_job(procs: Processes, name: str, spawn: str, epochs: int = 500):
     """`litz run apps.mlr` with LITZ_SPAWN=``spawn``, once it runs on its two workers."""
-    job = procs.start(["litz", "run", "apps.mlr", "--name", name, "--config", "synthetic=1", f"epochs={epochs}",
-                       "--no-progress"], env={**os.environ, "LITZ_SPAWN": spawn})
+    job = procs.start(["litz", "run", "apps.mlr", "--name", name, "--config", "synthetic=1", "tol=0",
+                       f"epochs={epochs}", "--no-progress"], env={**os.environ, "LITZ_SPAWN": spawn})
     wait_for(lambda: (s := status(name)) and s["state"] == "running" and len(s["workers"]) == 2, 30,
              "the job to run")
     return job

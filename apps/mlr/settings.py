@@ -28,6 +28,11 @@ DEFAULTS: dict[str, Any] = {
 OPTIMIZERS = ("adagrad", "sgd")
 LR = {"adagrad": 0.1, "sgd": 0.5}  # default step size per optimiser
 DECAY = {"adagrad": 0.0, "sgd": 1.0}  # default epoch decay: AdaGrad decays per weight already
+# The defaults before they adapted to the data: plain SGD as in the thesis' MLR, batches of 256, no scaling or
+# L2, exactly ``epochs`` epochs. The runtime's benchmarks (bench/) run with them, so the work their jobs do
+# stays the work their results measured.
+THESIS_SGD: dict[str, Any] = {"optimizer": "sgd", "lr": 0.5, "decay": 1.0, "batch_size": 256, "tol": 0, "l2": 0,
+                              "scale": 0}
 SYNTHETIC_D, SYNTHETIC_CLASSES = 100, 10
 ITERATION_BATCHES = 8  # default mini-batches per SSP iteration over all executors (see apps/mlr/__init__.py)
 BATCHES_PER_EPOCH = 128  # the default batch size gives at least this many mini-batches per epoch ...
