@@ -7,7 +7,7 @@
 #                                       and is then drained with `litzctl drain`, as a Kubernetes preStop
 #                                       hook would do on `kubectl scale --replicas` down
 #
-# Environment: LITZ_APP (default apps.mlr), LITZ_CONFIG (default "synthetic=1", "synthetic=1 epochs=60"
+# Environment: LITZ_APP (default apps.mlr), LITZ_CONFIG (default "synthetic=1", "synthetic=1 epochs=60 tol=0"
 # with --elastic), WORKERS (2), SERVERS (1), ETCD_BIN (etcd on $PATH), KEEP=1 keeps the temporary
 # directory with the logs. Needs `pip install -e ".[apps]"` and an etcd binary (apt-get install etcd-server).
 # With openssl, etcd serves TLS with client certificates, as in the other deployments (see below).
@@ -24,7 +24,7 @@ esac
 
 cd "$(dirname "$0")/.."                      # the repository root: apps.mlr resolves from here
 APP=${LITZ_APP:-apps.mlr}
-if [ "$ELASTIC" = 1 ]; then CONFIG=${LITZ_CONFIG:-synthetic=1 epochs=60}; else CONFIG=${LITZ_CONFIG:-synthetic=1}; fi
+if [ "$ELASTIC" = 1 ]; then CONFIG=${LITZ_CONFIG:-synthetic=1 epochs=60 tol=0}; else CONFIG=${LITZ_CONFIG:-synthetic=1}; fi
 WORKERS=${WORKERS:-2}
 SERVERS=${SERVERS:-1}
 ETCD_BIN=${ETCD_BIN:-etcd}
