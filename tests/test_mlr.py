@@ -143,6 +143,18 @@ def test_in_process_libsvm_with_test_file(tmp_path) -> None:
     assert result["test_rows"] == 1000 and result["test_accuracy"] > 0.6, result
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("roundtrip", ["evict", "reload"])
+def test_in_process_moved_executors_train_the_same(tmp_path, roundtrip: str) -> None:
+    """The scaler is input data, re-fitted by load_input after a reload: the same run, the same model."""
+    X, y = synthetic_rows(0, 3000, d=8, classes=3, seed=2)
+    np.savez(tmp_path / "t.npz", X=X * np.arange(1, 9) ** 2 + 5, y=y)  # unscaled: the scaler matters
+    config = {"train": str(tmp_path / "t.npz"), "epochs": 6}
+    plain = in_process(config, 3).run()
+    moved = in_process(config, 3, roundtrip=roundtrip).run()
+    assert moved == plain
+
+
 # ------------------------------------------------------------------------------------------ real runtime
 @pytest.mark.timeout(60)
 def test_litz_run_matches_sklearn() -> None:
