@@ -112,7 +112,10 @@ def sgd_steps(X: Matrix, y: np.ndarray, W: np.ndarray, b: np.ndarray, starts: np
     Plain SGD (``W -= lr * grad``), or AdaGrad when ``adagrad = (GW, Gb)`` holds the running sums of
     squared gradients (updated in place too): ``G += grad**2; W -= lr * grad / (sqrt(G) + eps)``. Each
     weight's step then shrinks as its gradients add up (a per-weight 1/sqrt(t) schedule), so one ``lr``
-    suits data of any size, and rarely active (sparse) features keep large steps.
+    suits data of any size, and rarely active (sparse) features keep large steps. ``peers`` counts each
+    squared gradient that many times: a task passes 1 + the steps of other tasks its stale read may miss,
+    as if they had the same gradient, so that many first steps taken from the same zero sums do not add up
+    to an overshoot (the caller sends the servers the true sums).
 
     Returns ``(summed loss, correct predictions, rows)``, each batch measured just before the step it
     causes (the usual running training loss). Batches are contiguous slices (views, no copies), so rows
