@@ -36,9 +36,14 @@ def split(name: str, tmp_path) -> tuple[str, str, float]:
 @pytest.mark.parametrize("name", ["digits", "breast_cancer"])
 def test_default_settings_reach_sklearn_accuracy(name: str, tmp_path) -> None:
     train, test, reference = split(name, tmp_path)
+    model = tmp_path / "model.npz"
     proc = run_cli(["litz", "run", "apps.mlr", "--no-progress", "--config", f"train={train}",
-                    "--config", f"test={test}"], timeout=80)
+                    "--config", f"test={test}", f"output={model}"], timeout=80)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["test_accuracy"] >= reference - 0.01, (result, reference)
     assert result["epochs"] < 100, result  # the stopping rule ended training, not the cap
+    # the model file applies to the raw features: the app's feature scaling is folded into it
+    with np.load(model) as f, np.load(test) as t:
+        predicted = (t["X"] @ f["weights"] + f["bias"]).argmax(axis=1)
+        assert abs(np.mean(predicted == t["y"]) - result["test_accuracy"]) <= 1 / len(t["y"])

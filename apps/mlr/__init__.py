@@ -61,6 +61,37 @@ def _train_args(iteration: int, executor: int, *, per_epoch: int, batch_size: in
     return ("train", iteration, per_epoch, batch_size, l2)
 
 
+# Parameter-server layout: key ("W", k) holds rows ``bounds[k]`` of the stacked parameters, shape
+# (depth, rows, classes): the weights, and with AdaGrad below them its sums of squared gradients; ("b",)
+# holds (depth, classes). The sums are updated additively like the weights, so each executor scales its
+# steps by what every executor has seen (stale as the weights are), not by its own share of it; stacked
+# in the same keys, they cost a task no more keys (the runtime's cost is per key) than plain SGD.
+def param_bounds(settings: Settings, d: int) -> list[tuple[int, int]]:
+    """Row ranges of ``W``'s ``blocks`` keys."""
+    blocks = min(settings.blocks, d)
+    return [data.block(d, blocks, k) for k in range(blocks)]
+
+
+def param_keys(bounds: list[tuple[int, int]]) -> list:
+    return [("W", k) for k in range(len(bounds))] + [("b",)]
+
+
+def stacked(values: list, bounds: list[tuple[int, int]], settings: Settings, d: int,
+            classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """The values of ``param_keys(bounds)`` as fresh writable float32 arrays ``(P, B)``, ``P[0]`` the weights
+    ``W`` (d x classes) and ``B[0]`` the biases; missing keys are zeros."""
+    depth = 2 if settings.optimizer == "adagrad" else 1
+    P = np.zeros((depth, d, classes), np.float32)
+    B = np.zeros((depth, classes), np.float32)
+    *blocks, bias = values
+    for (lo, hi), value in zip(bounds, blocks, strict=True):
+        if value is not None:
+            P[:, lo:hi] = value
+    if bias is not None:
+        B[:] = bias
+    return P, B
+
+
 class MLRDriver(litz.Driver):
     """Learns the partition sizes, runs SSP iterations until the training loss stops improving (at most
     ``epochs`` epochs), then one evaluation round."""
@@ -95,6 +126,7 @@ class MLRDriver(litz.Driver):
         if len(shapes) != 1:
             raise ValueError(f"executors disagree on (features, classes): {sorted(shapes)}")
         (self.d, self.classes), = shapes
+        self.scaler = next(r["scaler"] for r in self.infos if r["executor"] == 0)  # for the model file
         self.rows = sum(r["rows"] for r in self.infos)
         if not self.rows:
             raise ValueError("no training rows")
@@ -155,17 +187,11 @@ class MLRDriver(litz.Driver):
 
     def _save_model(self) -> None:
         """The final weights, read from the parameter server after every task completed (so with every update),
-        as ``weights`` (d x classes), ``bias`` and ``classes`` (the class indices of ``y``)."""
-        blocks = min(self.settings.blocks, self.d)
-        W = np.zeros((self.d, self.classes), np.float32)
-        b = np.zeros(self.classes, np.float32)
-        *values, bias = self.ps_get_many([("W", k) for k in range(blocks)] + [("b",)])
-        for k, value in enumerate(values):
-            if value is not None:
-                lo, hi = data.block(self.d, blocks, k)
-                W[lo:hi] = value
-        if bias is not None:
-            b[:] = bias
+        as ``weights`` (d x classes), ``bias`` and ``classes`` (the class indices of ``y``), for raw features:
+        the feature scaling is folded in."""
+        bounds = param_bounds(self.settings, self.d)
+        P, B = stacked(self.ps_get_many(param_keys(bounds)), bounds, self.settings, self.d, self.classes)
+        W, b = self.scaler.raw_model(P[0], B[0]) if self.scaler else (P[0], B[0])
         save_model(self.output, {"weights": W, "bias": b, "classes": np.arange(self.classes)})
 
 
@@ -178,8 +204,7 @@ class MLRExecutor(litz.Executor):
         self.settings = Settings.from_config(self.config)
         self.X, self.y, self.d, self.classes, self.scaler = data.train_partition(
             self.settings, self.executor_id, self.num_executors)
-        self.bounds = [data.block(self.d, min(self.settings.blocks, self.d), k)
-                       for k in range(min(self.settings.blocks, self.d))]
+        self.bounds = param_bounds(self.settings, self.d)
 
     def run_task(self, args: tuple) -> dict[str, Any]:
         kind = args[0]
@@ -189,33 +214,13 @@ class MLRExecutor(litz.Executor):
             return self._eval()
         if kind == "info":
             return {"kind": "info", "executor": self.executor_id, "rows": len(self.y), "d": self.d,
-                    "classes": self.classes}
+                    "classes": self.classes, "scaler": self.scaler if self.executor_id == 0 else None}
         raise ValueError(f"unknown MLR task {args!r}")
 
-    # -- parameter server ------------------------------------------------------------------------------
-    # Parameter-server layout: key ("W", k) holds rows ``bounds[k]`` of the stacked parameters, shape
-    # (depth, rows, classes): the weights, and with AdaGrad below them its sums of squared gradients; ("b",)
-    # holds (depth, classes). The sums are updated additively like the weights, so each executor scales its
-    # steps by what every executor has seen (stale as the weights are), not by its own share of it; stacked
-    # in the same keys, they cost a task no more keys (the runtime's cost is per key) than plain SGD.
-    def _depth(self) -> int:
-        return 2 if self.settings.optimizer == "adagrad" else 1
-
-    def _keys(self) -> list:
-        return [("W", k) for k in range(len(self.bounds))] + [("b",)]
-
+    # -- parameter server (layout: see ``stacked``) ---------------------------------------------------
     def _fetch(self) -> tuple[np.ndarray, np.ndarray]:
-        """Current (possibly stale) stacked parameters ``(P, B)`` as fresh writable float32 arrays, ``P[0]``
-        the weights ``W`` (d x classes) and ``B[0]`` the biases; missing keys are zeros."""
-        P = np.zeros((self._depth(), self.d, self.classes), np.float32)
-        B = np.zeros((self._depth(), self.classes), np.float32)
-        *blocks, bias = self.ps_get_many(self._keys())
-        for (lo, hi), value in zip(self.bounds, blocks, strict=True):
-            if value is not None:
-                P[:, lo:hi] = value
-        if bias is not None:
-            B[:] = bias
-        return P, B
+        """Current (possibly stale) stacked parameters ``(P, B)``, see :func:`stacked`."""
+        return stacked(self.ps_get_many(param_keys(self.bounds)), self.bounds, self.settings, self.d, self.classes)
 
     def _push(self, dP: np.ndarray, dB: np.ndarray) -> None:
         """Add ``(dP, dB)``; blocks that are all zero (sparse data leaves many) are not sent."""
@@ -227,11 +232,6 @@ class MLRExecutor(litz.Executor):
         """``(W, b)`` as trained, for scaled features (what the training and evaluation tasks use)."""
         P, B = self._fetch()
         return P[0], B[0]
-
-    def raw_model(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(W, b)`` for raw (unscaled) features: the trained weights with the feature scaling folded in."""
-        W, b = self.weights()
-        return self.scaler.raw_model(W, b) if self.scaler else (W, b)
 
     # -- tasks -----------------------------------------------------------------------------------------
     def _train(self, iteration: int, per_epoch: int, batch_size: int, l2: float) -> dict[str, Any]:
