@@ -95,7 +95,8 @@ class LogisticRegression(ClassifierMixin, _LitzEstimator):
     """Multinomial logistic regression trained by ``apps.mlr`` (mini-batch SGD on a parameter server).
 
     ``C``: inverse L2 strength, as in scikit-learn (the penalty ``||W||^2 / (2 C n)`` on the mean loss).
-    ``max_iter``: epochs. ``batch_size``: rows per SGD step (None: ``n_samples // 8``, between 1 and 256).
+    ``max_iter``: most epochs (the app stops earlier once its training loss stops improving). ``batch_size``: rows
+    per SGD step (None: the app's choice for the number of rows).
     ``staleness``: the app's SSP bound (0: bulk synchronous). The features are standardised for training and the
     scaling folded back into ``coef_`` and ``intercept_``, so the model applies to ``X`` as given; the intercept
     is not penalised. Fitted: ``classes_``, ``coef_`` (1 x features for two classes, else classes x features),
@@ -134,23 +135,24 @@ class LogisticRegression(ClassifierMixin, _LitzEstimator):
         mean, scale = X.mean(axis=0), X.std(axis=0)
         scale[scale == 0] = 1.0
         Xs = ((X - mean) / scale).astype(np.float32)
-        batch = self.batch_size or min(256, max(1, n // 8))
 
         def write(tmp: str) -> str:
             path = os.path.join(tmp, "train.npz")
             np.savez(path, X=Xs, y=codes.astype(np.int64))
             return path
 
-        config = {"epochs": self.max_iter, "batch_size": batch, "staleness": self.staleness,
-                  "l2": 1.0 / (self.C * n), "seed": self._seed()}
-        _, model = self._job(config, {"train": write})
+        config = {"epochs": self.max_iter, "staleness": self.staleness, "l2": 1.0 / (self.C * n),
+                  "seed": self._seed()}
+        if self.batch_size:
+            config["batch_size"] = self.batch_size
+        result, model = self._job(config, {"train": write})
         W = model["weights"].astype(np.float64) / scale[:, None]  # features x classes, for unscaled X
         b = model["bias"].astype(np.float64) - mean @ W
         if len(self.classes_) == 2:  # scikit-learn's binary form: one row, the second class's log-odds
             self.coef_, self.intercept_ = (W[:, 1] - W[:, 0])[None, :], np.array([b[1] - b[0]])
         else:
             self.coef_, self.intercept_ = W.T.copy(), b
-        self.n_iter_ = np.array([self.max_iter])
+        self.n_iter_ = np.array([result["epochs"]])
         return self
 
     def decision_function(self, X: Any) -> np.ndarray:
