@@ -157,6 +157,7 @@ class MLRDriver(litz.Driver):
                 self.report(epoch=epoch + 1, loss=loss / count, train_accuracy=correct / count)
                 if self.plateau.stop(loss / count):  # the iterations already dispatched still run
                     self.ssp.stop()
+                    self.set_total(epoch + 1, unit="epoch")  # the progress line: done, not 8/100
         if self.ssp.done:
             self._start_eval()
 
