@@ -88,8 +88,11 @@ def main_guard(prog: str, body: Callable[[], int | None]) -> int:
     try:
         return body() or 0
     except AppError as exc:
-        sys.stderr.write(exc.traceback_text.rstrip() + "\n")
-        sys.stderr.write(f"{prog}: {exc} (traceback above); the job was stopped\n")
+        text = exc.traceback_text.strip()
+        traceback_above = "\n" in text  # a one-line reason (a result that cannot be sent) is said once, below
+        if traceback_above:
+            sys.stderr.write(text + "\n")
+        sys.stderr.write(f"{prog}: {exc}{' (traceback above)' if traceback_above else ''}; the job was stopped\n")
         return 1
     except LitzError as exc:
         sys.stderr.write(f"{prog}: error: {exc}\n")
