@@ -29,14 +29,15 @@ def positive_int(value: Any, what: str) -> int:
     return value
 
 
-def resolve_app(app: Any) -> App:
+def resolve_app(app: Any, driver: str | None = None, executor: str | None = None) -> App:
+    """``driver`` / ``executor``: the class names to run, for a module that holds several."""
     if isinstance(app, App):
         return app
     if hasattr(app, "__name__") and not isinstance(app, str):  # a module object
         app = app.__name__
     if not isinstance(app, str):
         raise LitzError(f"app must be a module, module name or .py path, not {type(app).__name__}")
-    return load_app(app)
+    return load_app(app, driver, executor)
 
 
 def default_name(app: App) -> str:

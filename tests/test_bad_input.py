@@ -77,9 +77,11 @@ def test_unknown_app():
 @pytest.mark.timeout(60)
 def test_no_or_two_drivers(tmp_path):
     app = write_app(tmp_path, "nodriver", GOOD_EXECUTOR)
-    assert_clean_failure(run_app(app, "j-nod"), "exactly one litz.Driver subclass (found: none)", "j-nod", 2)
+    assert_clean_failure(run_app(app, "j-nod"), "must define or import a litz.Driver subclass (found: none)",
+                         "j-nod", 2)
     app = write_app(tmp_path, "twodrivers", GOOD_EXECUTOR + GOOD_DRIVER + GOOD_DRIVER.replace("class D", "class D2"))
-    assert_clean_failure(run_app(app, "j-two"), "(found: D, D2)", "j-two", 2)
+    assert_clean_failure(run_app(app, "j-two"), "more than one litz.Driver subclass (D, D2): choose one with --driver",
+                         "j-two", 2)
 
 
 @pytest.mark.timeout(60)

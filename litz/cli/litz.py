@@ -19,7 +19,8 @@ onto server processes.
   litz server          cluster mode: a parameter-server process (any number)
   litz warmup [APP]    compile the apps' numba kernels ahead of the first run (default: the bundled apps)
 
-APP is a module name resolved from the current directory (e.g. apps.mlr) or a path to a .py file."""
+APP is a module name resolved from the current directory (e.g. apps.mlr), a path to a .py file (.py may be
+left out) or to a package directory (apps/mlr)."""
 
 
 def _positive(text: str) -> int:
@@ -33,9 +34,12 @@ def _positive(text: str) -> int:
 
 
 def _job_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("app", help="module name (resolved from the current directory) or path to a .py file")
+    p.add_argument("app", help="module name (resolved from the current directory), path to a .py file (.py may be "
+                   "left out) or to a package directory")
     p.add_argument("--executors", type=_positive, help="logical executors (default: 4 per initial worker)")
     p.add_argument("--shards", type=_positive, help="logical parameter-server shards (default: max(64, 8 per server))")
+    p.add_argument("--driver", metavar="NAME", help="the Driver class to run, where the app holds more than one")
+    p.add_argument("--executor", metavar="NAME", help="the Executor class to run, where the app holds more than one")
     p.add_argument("--config", action="extend", nargs="+", metavar="KEY=VALUE",
                    help="app settings, JSON-decoded where possible (--config a=1 b=x, or repeat --config)")
     p.add_argument("--output", metavar="RESULT.json", help="write result, timings and events as JSON")
@@ -129,15 +133,15 @@ def main(argv: list[str] | None = None) -> int:
                 opts["etcd"] = etcd_options(args)
             if args.server_memory_limit:
                 opts["server_memory_limit"] = parse_bytes(args.server_memory_limit)
-            result = litz.run(args.app, workers=args.workers, servers=args.servers,
-                              executors=args.executors, config=parse_config(args.config), **opts)
+            result = litz.run(args.app, workers=args.workers, servers=args.servers, executors=args.executors,
+                              config=parse_config(args.config), driver=args.driver, executor=args.executor, **opts)
             print(json.dumps(result))
             return 0
         if args.command == "master":
             from ..cluster import run_master
 
             result = run_master(args.app, args.name, etcd=etcd_options(args), home=args.home,
-                                secret_file=args.secret_file,
+                                secret_file=args.secret_file, driver=args.driver, executor=args.executor,
                                 host=args.host, bind_host=args.bind, port=args.port, executors=args.executors,
                                 config=parse_config(args.config), shards=args.shards or 0, output=args.output,
                                 metrics=args.metrics, progress=not args.no_progress, min_workers=args.min_workers,
