@@ -17,11 +17,13 @@ import types
 import weakref
 from dataclasses import dataclass, field
 from types import ModuleType
+from typing import Any
 
 import cloudpickle
 
 from .api import Driver, Executor
-from .errors import AppError, LitzError
+from .errors import AppError, LitzError, app_code
+from .joblog import check_json
 
 # The executor class of every app this process loaded, by the app's token. A worker forked from the launcher
 # finds the class here and uses it as it is, instead of unpickling its copy (50 ms for apps.hdbscan: numba
@@ -61,6 +63,14 @@ class App:
         if len(_LOADED) >= 64:  # a long-lived launcher (a notebook running job after job) keeps the newest
             del _LOADED[next(iter(_LOADED))]
         _LOADED[self.token] = self.executor_cls
+
+    def summary(self, result: Any) -> Any:
+        """The driver's short form of a finished job's ``result`` for the terminal (:meth:`litz.Driver.summary`);
+        a stopped job's null stays null."""
+        if result is None:
+            return None
+        with app_code("driver summary"):
+            return check_json(self.driver_cls.__new__(self.driver_cls).summary(result), "summary() result")
 
     def executor_blob(self) -> bytes:
         """The executor class with the app's code by value: workers need not have the app installed. The

@@ -12,7 +12,7 @@ from typing import Any
 
 from .appload import App, load_app
 from .errors import LitzError
-from .joblog import JobLog
+from .joblog import JobLog, make_parent
 from .master import Master
 from .membership import Membership
 from .membership.membership import litz_home
@@ -61,6 +61,9 @@ def run_job(app: App, membership: Membership, secret: str, *, config: dict | Non
     its requests with it, :mod:`litz.control`) find it; only once this master has won the job's name, so a
     refused second master changes nothing. ``home``: the Litz home directory whose ``history/NAME`` keeps the job's
     metrics and events once it ends (default ``$LITZ_HOME``), for ``litzctl plot``."""
+    for path, option in ((output, "--output"), (metrics, "--metrics")):
+        if path:
+            make_parent(path, option)
     joblog = JobLog(metrics, progress=progress)
     master = Master(app, membership, secret, config=dict(config or {}), num_executors=executors, num_shards=shards,
                     min_workers=min_workers, min_servers=min_servers, joblog=joblog, start_timeout=start_timeout,

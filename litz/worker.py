@@ -81,6 +81,7 @@ class Worker(Process):
         self.log = UpdateLog()
         self.runnable: deque[Task] = deque()
         self.current: Task | None = None
+        self.speaker: int | None = None  # the executor whose code runs outside a task (load_input): named in prints
         self.main = greenlet.getcurrent()
         self.fetches: dict[int, Fetch] = {}
         self.fetch_by_key: dict[Hashable, Fetch] = {}
@@ -433,13 +434,27 @@ class Worker(Process):
         ex.executor_id, ex.num_executors, ex.config, ex._litz = eid, self.num_executors, self.config, self
         return ex
 
+    def load_input(self, eid: int, ex: Executor, init: bool = False) -> None:
+        """Run the app's ``load_input`` (and its ``__init__`` first, for a new executor), its prints named."""
+        self.speaker = eid
+        try:
+            if init:
+                ex.__init__()
+            ex.load_input()
+        finally:
+            self.speaker = None
+
+    def output_prefix(self) -> str:
+        """What the app's printed lines begin with here: this worker and the executor whose code prints."""
+        eid = self.current.eid if self.current is not None else self.speaker
+        return f"[{self.ident}] " if eid is None else f"[{self.ident} e{eid}] "
+
     def create_executors(self, eids: Iterable[int]) -> None:
         ready = []
         for eid in eids:
             ex = self._bind(eid)
             try:
-                ex.__init__()
-                ex.load_input()
+                self.load_input(eid, ex, init=True)
             except Exception as exc:
                 self.fail(*describe_app_exception(f"executor {eid} load_input", exc))
                 return
@@ -501,7 +516,7 @@ class Worker(Process):
                     ex.__dict__.update({a: v for a, v in data.items() if a not in state})
                 self.residency.add(eid, ex)  # account again, now with its input data
             elif not with_input:
-                ex.load_input()
+                self.load_input(eid, ex)
                 self.residency.add(eid, ex)
         except Exception as exc:
             self.fail(*describe_app_exception(f"executor {eid} load_input after moving", exc))
@@ -574,7 +589,7 @@ class Worker(Process):
                 self.residency.add(eid, ex)
                 continue
             try:
-                ex.load_input()
+                self.load_input(eid, ex)
             except Exception as exc:
                 self.fail(*describe_app_exception(f"executor {eid} load_input", exc))
                 return

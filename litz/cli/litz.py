@@ -5,9 +5,14 @@ import argparse
 import json
 import os
 import sys
+from typing import TYPE_CHECKING, Any
 
+from ..appoutput import result_only_stdout
 from ..outofcore import parse_bytes
 from .common import Parser, add_etcd_options, etcd_options, main_guard, parse_config
+
+if TYPE_CHECKING:
+    from ..appload import App
 
 DESCRIPTION = """Litz runs elastic machine-learning jobs: a driver dispatches micro-tasks to executors that
 read and update a sharded parameter server; the runtime maps executors onto worker processes and shards
@@ -113,6 +118,15 @@ def job_options(args: argparse.Namespace) -> dict:
             "memory_limit": args.memory_limit}
 
 
+def print_result(app: App, result: Any, output: str | None) -> None:
+    """The result on stdout, alone: the app's short form of it (the whole one is in --output), as JSON, indented
+    for a person at a terminal."""
+    shown = app.summary(result)
+    if shown != result and not output:
+        sys.stderr.write("litz: the result below is a summary; --output FILE keeps all of it\n")
+    print(json.dumps(shown, indent=1 if sys.stdout.isatty() else None))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
@@ -122,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
 
             warmup(args.apps)
             return 0
+        if args.command in ("run", "master"):
+            from ..job import resolve_app
         if args.command == "run":
             import litz
 
@@ -133,21 +149,25 @@ def main(argv: list[str] | None = None) -> int:
                 opts["etcd"] = etcd_options(args)
             if args.server_memory_limit:
                 opts["server_memory_limit"] = parse_bytes(args.server_memory_limit)
-            result = litz.run(args.app, workers=args.workers, servers=args.servers, executors=args.executors,
-                              config=parse_config(args.config), driver=args.driver, executor=args.executor, **opts)
-            print(json.dumps(result))
+            with result_only_stdout():
+                app = resolve_app(args.app, args.driver, args.executor)
+                result = litz.run(app, workers=args.workers, servers=args.servers, executors=args.executors,
+                                  config=parse_config(args.config), **opts)
+            print_result(app, result, args.output)
             return 0
         if args.command == "master":
             from ..cluster import run_master
 
-            result = run_master(args.app, args.name, etcd=etcd_options(args), home=args.home,
-                                secret_file=args.secret_file, driver=args.driver, executor=args.executor,
-                                host=args.host, bind_host=args.bind, port=args.port, executors=args.executors,
-                                config=parse_config(args.config), shards=args.shards or 0, output=args.output,
-                                metrics=args.metrics, progress=not args.no_progress, min_workers=args.min_workers,
-                                min_servers=args.min_servers, start_timeout=args.start_timeout,
-                                **job_options(args))
-            print(json.dumps(result))
+            with result_only_stdout():
+                app = resolve_app(args.app, args.driver, args.executor)
+                result = run_master(app, args.name, etcd=etcd_options(args), home=args.home,
+                                    secret_file=args.secret_file,
+                                    host=args.host, bind_host=args.bind, port=args.port, executors=args.executors,
+                                    config=parse_config(args.config), shards=args.shards or 0, output=args.output,
+                                    metrics=args.metrics, progress=not args.no_progress,
+                                    min_workers=args.min_workers, min_servers=args.min_servers,
+                                    start_timeout=args.start_timeout, **job_options(args))
+            print_result(app, result, args.output)
             return 0
         from ..roles import serve
 
