@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -22,14 +23,24 @@ SECRET_WAIT_S = 1.0  # a master publishes the secret just after it registers; on
 LITZCTL_ETCD_TIMEOUT_S = 10.0  # a person waits at the prompt: say "unreachable since ..." soon
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="litzctl", description=DESCRIPTION)
+def _common_options(p: argparse.ArgumentParser) -> None:
+    """Options every command takes, before or after the command's name (`litzctl status --name x`)."""
     add_etcd_options(p, "etcd of a cluster job (default: the local registry)")
     p.add_argument("--name", help="the job's name (see `litzctl list`)")
     p.add_argument("--secret-file", help="file holding the job secret, for a job started with --secret-file "
                    "(default: $LITZ_SECRET, else the secret the master published in the registry)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="litzctl", description=DESCRIPTION)
+    _common_options(p)
+    # the same options after the command: absent there, they leave what was given before it alone
+    common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    _common_options(common)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
-    sub.add_parser("list", help="jobs in the registry")
+    # every command gets them, also one added below later (a partial, so that no command can be left out)
+    sub.add_parser = functools.partial(sub.add_parser, parents=[common])  # type: ignore[method-assign]
+    sub.add_parser("list", help="jobs in the registry, and those that ended lately")
     st = sub.add_parser("status", help="state, progress, and every worker and server")
     st.add_argument("--json", action="store_true", help="machine-readable status")
     sub.add_parser("stop", help="end the job now (result: null)")
@@ -67,6 +78,8 @@ def format_status(st: dict) -> str:
         p = st["progress"]
         eta = "" if p.get("eta_s") is None else f", ETA {p['eta_s']:.0f} s"
         lines.append(f"  {p['unit']} {p['done']}/{p['total']}{eta}")
+    if st.get("waiting"):  # not started: what it waits for, instead of executors it does not have yet
+        lines[1] = f"  {st['waiting']}"
     if st.get("checkpointing"):
         held = st["checkpointing"]
         lines.append(f"  checkpoint under way: dispatch held for {held['held_s']:.1f} s, "
@@ -144,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     def body() -> int:
+        if args.command == "scale" and args.workers is None and args.servers is None:
+            raise LitzError("scale needs --workers N, --servers M or both")
         kv = connect_kv(etcd_options(args, default_timeout=LITZCTL_ETCD_TIMEOUT_S))
         if args.command == "list":
             jobs = sorted({k.split("/")[2] for k in kv.get_prefix("litz/jobs/") if k.endswith("/master")})
