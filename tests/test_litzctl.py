@@ -38,3 +38,26 @@ def test_a_master_waiting_for_members_says_so_and_stops_at_once(etcd):
     from litz.membership.etcdkv import EtcdKV
 
     assert EtcdKV(e).get_prefix(f"litz/jobs/{name}/") == {}  # the usual end: its keys are gone
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("command", [["litzctl", "list"], ["litzctl", "status", "--name", "x"],
+                                     ["litz", "master", app_path("noop"), "--name", "x"],
+                                     ["litz", "worker", "--name", "x"], ["litz", "server", "--name", "x"]])
+def test_an_unreachable_etcd_is_said_at_once_with_its_address(command):
+    """A first connection that cannot be made is said after CONNECT_WAIT_S (2 s), not after --etcd-timeout's 300 s
+    (or litzctl's 10 s); a running process still rides out an outage that long (tests/test_etcd_outages.py)."""
+    from tests.helpers import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    res = run_cli([*command, "--etcd", address], timeout=60)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().splitlines() == [f"{command[0]}: error: cannot reach etcd at {address} (connect: "
+                                               "ConnectionFailedError; tried for 2 s): is it running there? "
+                                               "(--etcd-timeout SECONDS waits for it)"], res.stderr
+
+
+@pytest.mark.timeout(60)
+def test_scale_without_a_count_is_an_error():
+    res = run_cli(["litzctl", "--name", "x", "scale"], timeout=30)
+    assert res.returncode == 2 and res.stderr == "litzctl: error: scale needs --workers N, --servers M or both\n"

@@ -52,7 +52,7 @@ def etcd_options(args: argparse.Namespace, default_timeout: float | None = None)
             raise LitzError(f"cannot read {args.etcd_password_file}: {exc.strerror}") from None
     options = EtcdOptions(args.etcd, args.etcd_timeout or default_timeout or DEFAULT_TIMEOUT_S, args.etcd_cacert,
                           args.etcd_cert, args.etcd_key, args.etcd_user, password if args.etcd_user else None,
-                          args.etcd_password_file)
+                          args.etcd_password_file, connect_wait=args.etcd_timeout)
     options.check()
     return options
 
