@@ -64,6 +64,23 @@ class App:
             del _LOADED[next(iter(_LOADED))]
         _LOADED[self.token] = self.executor_cls
 
+    def config_keys(self) -> list[str] | None:
+        """The ``--config`` keys the app declares: ``config_keys`` on its driver class, else the keys of a ``CONFIG``
+        dict in its module; None if it declares none (bundled apps check theirs themselves, litz.appconfig)."""
+        keys = getattr(self.driver_cls, "config_keys", None)
+        if keys is None and isinstance(getattr(self.module, "CONFIG", None), dict):
+            keys = self.module.CONFIG
+        return None if keys is None else [str(k) for k in keys]
+
+    def config_warning(self, config: dict | None) -> str | None:
+        """A warning naming the keys of ``config`` the app does not declare (a typo), with the ones it does."""
+        known = self.config_keys()
+        unknown = sorted(set(config or ()) - set(known or ()))
+        if known is None or not unknown:
+            return None
+        return (f"unknown config key(s) {', '.join(map(repr, unknown))} for app {self.name!r} "
+                f"(known: {', '.join(known) or 'none'})")
+
     def summary(self, result: Any) -> Any:
         """The driver's short form of a finished job's ``result`` for the terminal (:meth:`litz.Driver.summary`);
         a stopped job's null stays null."""

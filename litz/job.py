@@ -12,6 +12,7 @@ from typing import Any
 
 from .appload import App, load_app
 from .errors import LitzError
+from .finished import record_finished, registry_name
 from .joblog import JobLog, make_parent
 from .master import Master
 from .membership import Membership
@@ -64,6 +65,9 @@ def run_job(app: App, membership: Membership, secret: str, *, config: dict | Non
     for path, option in ((output, "--output"), (metrics, "--metrics")):
         if path:
             make_parent(path, option)
+    warning = app.config_warning(config)
+    if warning:
+        sys.stderr.write(f"litz: warning: {warning}\n")
     joblog = JobLog(metrics, progress=progress)
     master = Master(app, membership, secret, config=dict(config or {}), num_executors=executors, num_shards=shards,
                     min_workers=min_workers, min_servers=min_servers, joblog=joblog, start_timeout=start_timeout,
@@ -79,6 +83,7 @@ def run_job(app: App, membership: Membership, secret: str, *, config: dict | Non
         membership.unregister()
         master.close()
         raise  # refused (another master holds the name): leave that job's registry entries alone
+    started = time.time()
     try:
         if publish_secret:  # part of the master's registration: written again after a registry reset (R2)
             membership.put("secret", secret, keep=True)
@@ -100,6 +105,11 @@ def run_job(app: App, membership: Membership, secret: str, *, config: dict | Non
                 "result": result, "state": master.state, "app": app.name, "name": membership.job,
                 "elapsed_s": round(joblog.elapsed(), 4), "tasks_completed": master.tasks_completed,
                 "workers": len(master.workers), "servers": len(master.servers), "executors": master.num_executors})
+        kv_root = getattr(membership.kv, "root", None)  # a local registry: $LITZ_HOME/registry
+        record_finished(membership.job, {
+            "name": membership.job, "app": app.name, "state": master.state, "started": started, "ended": time.time(),
+            "tasks_completed": master.tasks_completed, "result": os.path.abspath(output) if output else None,
+            "registry": registry_name(membership.kv)}, home=os.path.dirname(kv_root) if kv_root else None)
         joblog.close()
         save_history(joblog, home, membership.job, master.history)
         membership.unregister()

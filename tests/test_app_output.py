@@ -94,3 +94,14 @@ def test_the_other_bundled_apps_print_short_results(tmp_path, app, config):
     out, err, code = shell_run([app, "--no-progress", "--config", *config], tmp_path)
     assert code == 0, err
     assert isinstance(json.loads(out), dict) and len(out) < 1500, out
+
+
+@pytest.mark.timeout(60)
+def test_an_output_directory_that_cannot_be_made_fails_before_the_job(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out, err, code = shell_run(["apps.mlr", "--no-progress", "--output", str(blocker / "r.json"), "--config",
+                                "synthetic=1"], tmp_path)
+    assert code == 2 and out == "", err
+    assert err.splitlines() == [f"litz: error: --output {blocker}/r.json: cannot create the directory {blocker} "
+                                "(File exists)"], err

@@ -61,3 +61,47 @@ def test_an_unreachable_etcd_is_said_at_once_with_its_address(command):
 def test_scale_without_a_count_is_an_error():
     res = run_cli(["litzctl", "--name", "x", "scale"], timeout=30)
     assert res.returncode == 2 and res.stderr == "litzctl: error: scale needs --workers N, --servers M or both\n"
+
+
+@pytest.mark.timeout(120)
+def test_list_shows_app_state_and_age_and_the_jobs_that_ended(tmp_path, litz_home):
+    out = tmp_path / "results" / "done.json"
+    done = run_cli(["litz", "run", app_path("noop"), "--name", "done-job", "--config", "tasks=5", "--no-progress",
+                    "--output", str(out)], timeout=60)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((litz_home / "history" / "done-job" / "summary.json").read_text())
+    assert summary["app"] == app_path("noop") and summary["state"] == "finished" and summary["result"] == str(out)
+    assert summary["started"] <= summary["ended"] and summary["registry"] == "local"
+    with Processes() as procs:
+        live = procs.start(["litz", "run", app_path("noop"), "--name", "live-job", "--config", "tasks=100000",
+                            "sleep=0.01", "--no-progress"])
+        wait_for(lambda: (s := status("live-job")) and s["state"] == "running", 30, "the job running")
+        listed = run_cli(["litzctl", "list"], timeout=30)
+        assert listed.returncode == 0, listed.stderr
+        lines = listed.stdout.splitlines()
+        assert lines[0] == "running:" and lines[1].split() == ["NAME", "APP", "STATE", "AGE"], listed.stdout
+        assert lines[2].split()[:3] == ["live-job", app_path("noop"), "running"], listed.stdout
+        assert lines[3] == "ended lately:", listed.stdout
+        assert lines[5].split() == ["done-job", app_path("noop"), "finished", *lines[5].split()[3:6], str(out)]
+        assert lines[5].split()[5] == "ago", listed.stdout
+        assert run_cli(["litzctl", "stop", "--name", "live-job"], timeout=60).returncode == 0
+        assert live.wait(timeout=30) == 0
+    lines = run_cli(["litzctl", "list"], timeout=30).stdout.splitlines()
+    assert lines[0] == "no running jobs" and lines[3].split()[:3] == ["live-job", app_path("noop"), "stopped"], lines
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("declared", ["    config_keys = ('steps',)\n", None])
+def test_unknown_config_keys_of_a_user_app_are_warned(tmp_path, declared):
+    driver = ("class D(litz.Driver):\n" + (declared or "") + "    def dispatch_initial_tasks(self):\n"
+              "        self.dispatch_task(0, self.config.get('steps', 1))\n"
+              "    def handle_task_completion(self, r):\n        self.finish(r)\n")
+    module = "" if declared else "CONFIG = {'steps': 1}\n"
+    app = tmp_path / "declares.py"
+    app.write_text("import litz\n" + module + driver + "class E(litz.Executor):\n    def run_task(self, a):\n"
+                   "        return a\n")
+    res = run_cli(["litz", "run", str(app), "--no-progress", "--config", "stepz=3"], timeout=60)
+    assert res.returncode == 0 and json.loads(res.stdout) == 1, res.stderr
+    assert res.stderr.splitlines() == [f"litz: warning: unknown config key(s) 'stepz' for app '{app}' (known: steps)"]
+    res = run_cli(["litz", "run", str(app), "--no-progress", "--config", "steps=3"], timeout=60)
+    assert res.returncode == 0 and json.loads(res.stdout) == 3 and res.stderr == "", res.stderr

@@ -9,6 +9,7 @@ import sys
 import time
 
 from ..errors import LitzError
+from ..finished import age, recent, registry_name
 from ..membership import Membership, connect_kv
 from ..roles import job_secret
 from .common import ETCD_ARGS, Parser, add_etcd_options, etcd_options, main_guard
@@ -64,6 +65,39 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plot", help="plot metrics, processes and events over time (also of an ended job)")
     pl.add_argument("out", metavar="OUT.png", help="the image to write (.png, .svg, .pdf)")
     return p
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def format_list(keys: dict, ended: list[dict], now: float) -> str:
+    """The running jobs (``keys``: the registry's ``litz/jobs/`` prefix), with app, state and age, then the jobs
+    that ended lately (:mod:`litz.finished`)."""
+    jobs: dict[str, dict] = {}
+    for key, value in keys.items():
+        parts = key.split("/")
+        if len(parts) == 4 and parts[3] in ("master", "status"):
+            jobs.setdefault(parts[2], {})[parts[3]] = value if isinstance(value, dict) else {}
+    running = sorted(name for name, job in jobs.items() if "master" in job)
+    lines = []
+    if running:
+        rows = [["NAME", "APP", "STATE", "AGE"]]
+        for name in running:
+            master, st = jobs[name]["master"], jobs[name].get("status") or {}
+            started = master.get("started")
+            rows.append([name, str(master.get("app", "?")), str(st.get("state", "starting")),
+                         age(now - started) if isinstance(started, (int, float)) else "?"])
+        lines += ["running:", *_table(rows)]
+    else:
+        lines.append("no running jobs")
+    if ended:
+        rows = [["NAME", "APP", "STATE", "ENDED", "RESULT"]]
+        rows += [[str(d.get("name")), str(d.get("app")), str(d.get("state")), age(now - d["ended"]) + " ago",
+                  str(d.get("result") or "-")] for d in ended]
+        lines += ["ended lately:", *_table(rows)]
+    return "\n".join(lines)
 
 
 def format_status(st: dict) -> str:
@@ -161,8 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             raise LitzError("scale needs --workers N, --servers M or both")
         kv = connect_kv(etcd_options(args, default_timeout=LITZCTL_ETCD_TIMEOUT_S))
         if args.command == "list":
-            jobs = sorted({k.split("/")[2] for k in kv.get_prefix("litz/jobs/") if k.endswith("/master")})
-            print("\n".join(jobs) if jobs else "no running jobs")
+            print(format_list(kv.get_prefix("litz/jobs/"), recent(registry_name(kv)), time.time()))
             return 0
         if not args.name:
             raise LitzError("--name is required (see `litzctl list`)")
