@@ -1,9 +1,9 @@
 """Records of jobs that ended, so that ``litzctl list`` can show what ran lately after the registry forgot it.
 
 Each master writes ``$LITZ_HOME/history/<job name>/summary.json`` as its job ends (finished, stopped or failed):
-app, state, when it started and ended, where its result went (``--output``), which registry it was in. The
-directory is the job's record: other files about the same job (its samples for ``litzctl plot``) go next to it.
-A job run again under the same name replaces its record.
+app, state, when it started and ended, where its result went (``--output``), which registry it was in. It sits
+next to the job's history for ``litzctl plot`` (:meth:`litz.joblog.JobLog.save_history`, which also removes
+the oldest jobs' directories). A job run again under the same name replaces its record.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import os
 import time
 from typing import Any
 
+from .joblog import history_dir
 from .membership.membership import litz_home
 from .private import private_dir, write_private
 
@@ -19,23 +20,18 @@ RECENT_S = 24 * 3600.0  # `litzctl list` shows the jobs that ended within this l
 MAX_SHOWN = 10
 
 
-def history_dir(job: str, home: str | None = None) -> str:
-    """Where the record of ``job`` is kept (made 0700 when written): ``$LITZ_HOME/history/<job>``."""
-    return os.path.join(home or litz_home(), "history", job)
-
-
 def registry_name(kv: Any) -> str:
     """Which registry a job was in: its etcd endpoints, or 'local' (the directory registry)."""
     return str(getattr(kv, "endpoint", None) or "local")
 
 
-def record_finished(job: str, summary: dict, home: str | None = None) -> None:
-    """Write the job's ``summary.json``. A record that cannot be written costs the user only a line in
-    ``litzctl list``: never the job's result."""
+def record_finished(home: str, job: str, summary: dict) -> None:
+    """Write the job's ``summary.json`` in ``home``'s history. A record that cannot be written costs the user only
+    a line in ``litzctl list``: never the job's result."""
     try:
-        path = private_dir(history_dir(job, home))
+        path = private_dir(history_dir(home, job))
         write_private(os.path.join(path, "summary.json"), json.dumps(summary, indent=1).encode())
-    except OSError:
+    except (OSError, ValueError):
         pass
 
 

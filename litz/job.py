@@ -21,7 +21,7 @@ from .outofcore import parse_bytes
 
 JOB_OPTIONS = {"name", "etcd", "shards", "output", "metrics", "progress", "start_timeout", "home", "checkpoint_dir",
                "checkpoint_every", "checkpoint_keep", "resume", "partial_recovery", "priority_checkpoint",
-               "memory_limit", "server_memory_limit"}
+               "memory_limit", "server_memory_limit", "driver", "executor"}
 
 
 def positive_int(value: Any, what: str) -> int:
@@ -105,13 +105,12 @@ def run_job(app: App, membership: Membership, secret: str, *, config: dict | Non
                 "result": result, "state": master.state, "app": app.name, "name": membership.job,
                 "elapsed_s": round(joblog.elapsed(), 4), "tasks_completed": master.tasks_completed,
                 "workers": len(master.workers), "servers": len(master.servers), "executors": master.num_executors})
-        kv_root = getattr(membership.kv, "root", None)  # a local registry: $LITZ_HOME/registry
-        record_finished(membership.job, {
-            "name": membership.job, "app": app.name, "state": master.state, "started": started, "ended": time.time(),
-            "tasks_completed": master.tasks_completed, "result": os.path.abspath(output) if output else None,
-            "registry": registry_name(membership.kv)}, home=os.path.dirname(kv_root) if kv_root else None)
         joblog.close()
         save_history(joblog, home, membership.job, master.history)
+        record_finished(home or litz_home(), membership.job, {  # next to the history: litzctl list shows it
+            "name": membership.job, "app": app.name, "state": master.state, "started": started, "ended": time.time(),
+            "tasks_completed": master.tasks_completed, "result": os.path.abspath(output) if output else None,
+            "registry": registry_name(membership.kv)})
         membership.unregister()
         membership.clear()
         master.close()

@@ -146,7 +146,7 @@ class LocalProcesses:
 
 
 def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = None,
-        config: dict | None = None, driver: str | None = None, executor: str | None = None, **options: Any) -> Any:
+        config: dict | None = None, **options: Any) -> Any:
     """Run a job on this machine and return the driver's ``finish(result)``.
 
     Options: ``name``, ``etcd`` (HOST:PORT: register in etcd instead of the local directory), ``shards``,
@@ -165,7 +165,8 @@ def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = No
     unknown = set(options) - JOB_OPTIONS
     if unknown:
         raise LitzError(f"unknown option(s): {', '.join(sorted(unknown))}")
-    app = resolve_app(app, driver, executor)  # imported here, so the forked children have it too
+    # imported here, so the forked children have it too
+    app = resolve_app(app, options.pop("driver", None), options.pop("executor", None))
     home = options.pop("home", None) or litz_home()
     etcd = options.pop("etcd", None)
     name = options.pop("name", None) or default_name(app)
