@@ -55,6 +55,12 @@ class Driver:
         cannot go on from such a mix (HDBSCAN's messages and spanning forests): the job is then restored
         from a full checkpoint instead."""
 
+    def summary(self, result: Any) -> Any:
+        """Optional: a short form of ``result`` for the terminal. ``litz run`` and ``litz master`` print it on
+        stdout; ``--output`` and ``litz.run()`` keep the whole result. Called after the job on a driver that was
+        never set up: it may use ``result`` only. Default: the whole result."""
+        return result
+
     # -- provided by the framework -------------------------------------------------------------------
     def dispatch_task(self, executor: int, args: Any = None) -> None:
         """Queue a micro-task for ``executor``; it observes every update of every task already completed."""

@@ -14,11 +14,11 @@ from .roles import job_secret
 from .security import new_secret
 
 
-def run_master(app: Any, name: str, *, etcd: Any, home: str | None = None,
-               secret_file: str | None = None, **job: Any) -> Any:
+def run_master(app: Any, name: str, *, etcd: Any, home: str | None = None, secret_file: str | None = None,
+               driver: str | None = None, executor: str | None = None, **job: Any) -> Any:
     """Run a cluster job's master. Given a secret (--secret-file or $LITZ_SECRET), every role and litzctl need
     it too and it stays out of the registry; else a new one is published there."""
-    app = resolve_app(app)
+    app = resolve_app(app, driver, executor)
     membership = Membership(connect_kv(etcd, home), name)
     if secret_file or os.environ.get("LITZ_SECRET"):  # every role has it already: keep it out of etcd
         return run_job(app, membership, job_secret(membership, secret_file), home=home, **job)

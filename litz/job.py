@@ -12,7 +12,8 @@ from typing import Any
 
 from .appload import App, load_app
 from .errors import LitzError
-from .joblog import JobLog
+from .finished import record_finished, registry_name
+from .joblog import JobLog, make_parent
 from .master import Master
 from .membership import Membership
 from .membership.membership import litz_home
@@ -20,7 +21,7 @@ from .outofcore import parse_bytes
 
 JOB_OPTIONS = {"name", "etcd", "shards", "output", "metrics", "progress", "start_timeout", "home", "checkpoint_dir",
                "checkpoint_every", "checkpoint_keep", "resume", "partial_recovery", "priority_checkpoint",
-               "memory_limit", "server_memory_limit"}
+               "memory_limit", "server_memory_limit", "driver", "executor"}
 
 
 def positive_int(value: Any, what: str) -> int:
@@ -29,14 +30,15 @@ def positive_int(value: Any, what: str) -> int:
     return value
 
 
-def resolve_app(app: Any) -> App:
+def resolve_app(app: Any, driver: str | None = None, executor: str | None = None) -> App:
+    """``driver`` / ``executor``: the class names to run, for a module that holds several."""
     if isinstance(app, App):
         return app
     if hasattr(app, "__name__") and not isinstance(app, str):  # a module object
         app = app.__name__
     if not isinstance(app, str):
         raise LitzError(f"app must be a module, module name or .py path, not {type(app).__name__}")
-    return load_app(app)
+    return load_app(app, driver, executor)
 
 
 def default_name(app: App) -> str:
@@ -60,6 +62,12 @@ def run_job(app: App, membership: Membership, secret: str, *, config: dict | Non
     its requests with it, :mod:`litz.control`) find it; only once this master has won the job's name, so a
     refused second master changes nothing. ``home``: the Litz home directory whose ``history/NAME`` keeps the job's
     metrics and events once it ends (default ``$LITZ_HOME``), for ``litzctl plot``."""
+    for path, option in ((output, "--output"), (metrics, "--metrics")):
+        if path:
+            make_parent(path, option)
+    warning = app.config_warning(config)
+    if warning:
+        sys.stderr.write(f"litz: warning: {warning}\n")
     joblog = JobLog(metrics, progress=progress)
     master = Master(app, membership, secret, config=dict(config or {}), num_executors=executors, num_shards=shards,
                     min_workers=min_workers, min_servers=min_servers, joblog=joblog, start_timeout=start_timeout,
@@ -75,6 +83,7 @@ def run_job(app: App, membership: Membership, secret: str, *, config: dict | Non
         membership.unregister()
         master.close()
         raise  # refused (another master holds the name): leave that job's registry entries alone
+    started = time.time()
     try:
         if publish_secret:  # part of the master's registration: written again after a registry reset (R2)
             membership.put("secret", secret, keep=True)
@@ -98,6 +107,10 @@ def run_job(app: App, membership: Membership, secret: str, *, config: dict | Non
                 "workers": len(master.workers), "servers": len(master.servers), "executors": master.num_executors})
         joblog.close()
         save_history(joblog, home, membership.job, master.history)
+        record_finished(home or litz_home(), membership.job, {  # next to the history: litzctl list shows it
+            "name": membership.job, "app": app.name, "state": master.state, "started": started, "ended": time.time(),
+            "tasks_completed": master.tasks_completed, "result": os.path.abspath(output) if output else None,
+            "registry": registry_name(membership.kv)})
         membership.unregister()
         membership.clear()
         master.close()

@@ -10,6 +10,7 @@ from collections import deque
 from typing import Any, TextIO
 
 from . import clock
+from .errors import LitzError
 from .private import private_dir, write_private
 
 
@@ -37,6 +38,18 @@ def check_json(value: Any, what: str) -> Any:
 
 HISTORY_ROWS = 10_000  # --metrics rows a job keeps for its history ($LITZ_HOME/history) and litzctl plot
 HISTORY_JOBS = 20  # finished jobs whose history $LITZ_HOME/history keeps ($LITZ_HISTORY_KEEP)
+
+
+def make_parent(path: str, option: str) -> None:
+    """Create the directory of a file the job writes (``--output``, ``--metrics``) before the job starts, the same
+    for every app: a path that cannot be written fails now, in one line, not after the training."""
+    parent = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as exc:
+        raise LitzError(f"{option} {path}: cannot create the directory {parent} ({exc.strerror or exc})") from None
+    if not os.access(parent, os.W_OK):
+        raise LitzError(f"{option} {path}: the directory {parent} is not writable")
 
 
 class JobLog:

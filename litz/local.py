@@ -154,7 +154,8 @@ def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = No
     terminal), ``start_timeout`` (seconds), ``checkpoint_dir``, ``checkpoint_every`` (seconds),
     ``checkpoint_keep`` (default 3), ``resume`` (continue from the latest checkpoint in ``checkpoint_dir``),
     ``memory_limit`` / ``server_memory_limit`` (bytes per worker / server; beyond it state is spilled to disk),
-    ``partial_recovery``, ``priority_checkpoint`` (SCAR).
+    ``partial_recovery``, ``priority_checkpoint`` (SCAR). ``driver`` / ``executor``: the names of the classes
+    to run, where the app's module holds more than one of a kind.
     A lost worker or server is replaced and the job recovers from the latest checkpoint.
     """
     positive_int(workers, "workers")
@@ -164,7 +165,8 @@ def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = No
     unknown = set(options) - JOB_OPTIONS
     if unknown:
         raise LitzError(f"unknown option(s): {', '.join(sorted(unknown))}")
-    app = resolve_app(app)  # imported here, so the forked children have it too
+    # imported here, so the forked children have it too
+    app = resolve_app(app, options.pop("driver", None), options.pop("executor", None))
     home = options.pop("home", None) or litz_home()
     etcd = options.pop("etcd", None)
     name = options.pop("name", None) or default_name(app)

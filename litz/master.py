@@ -217,7 +217,9 @@ class Master(Process):
     def run(self) -> Any:
         """Start the job, drive it to ``finish()``, and return the result."""
         self.wait_for_members()
-        if self.resume:
+        if self.finished:
+            pass  # stopped by litzctl while it waited: nothing was started
+        elif self.resume:
             self.resume_job()
         else:
             self.recovery.start_fresh()
@@ -382,12 +384,41 @@ class Master(Process):
                 raise LitzError(what())
 
     def wait_for_members(self) -> None:
-        self._pump(lambda: len(self.workers) >= self.min_workers and len(self.servers) >= self.min_servers,
-                   lambda: f"job did not start: {len(self.workers)} of {self.min_workers} workers and "
-                           f"{len(self.servers)} of {self.min_servers} servers joined within "
-                           f"{self.start_timeout:.0f} s",
+        """Wait for the first workers and servers; meanwhile the status says what is missing, and litzctl stop
+        ends the job at once (:meth:`take_requests`)."""
+        self.state = "waiting"
+        last_status = last_requests = -float("inf")
+
+        def started() -> bool:
+            nonlocal last_status, last_requests
+            if len(self.workers) >= self.min_workers and len(self.servers) >= self.min_servers:
+                return True
+            now = clock.time()
+            if now - last_status >= STATUS_EVERY_S:
+                last_status = now
+                self.publish_status()
+            if (self.wake is not None and self.woken()) or now - last_requests > REQUESTS_CHECK_S:
+                last_requests = now
+                try:
+                    self.take_requests()
+                except RegistryUnavailable:
+                    pass  # they wait in the registry (R1)
+            return self.finished
+
+        self._pump(started, lambda: f"job did not start: {len(self.workers)} of {self.min_workers} workers and "
+                                    f"{len(self.servers)} of {self.min_servers} servers joined within "
+                                    f"{self.start_timeout:.0f} s",
                    lambda: f"starting: {len(self.workers)} of {self.min_workers} workers and {len(self.servers)} of "
                            f"{self.min_servers} servers joined")
+        if not self.finished:
+            self.state = "starting"
+
+    def waiting_for(self) -> str:
+        """What a job that has not started waits for: 'waiting for 1 server (have 0)'."""
+        missing = [f"{need} {role}{'s' * (need > 1)} (have {have})"
+                   for role, need, have in (("worker", self.min_workers, len(self.workers)),
+                                            ("server", self.min_servers, len(self.servers))) if have < need]
+        return "waiting for " + " and ".join(missing) if missing else "starting"
 
     def place_and_create(self, create: bool = True) -> None:
         workers, servers = sorted(self.workers), sorted(self.servers)
@@ -1085,6 +1116,9 @@ class Master(Process):
                 continue
             command, args = req["command"], req["args"]
             try:
+                if self.state == "waiting" and command not in ("stop", "plot"):
+                    raise LitzError(f"job {self.membership.job!r} has not started ({self.waiting_for()}): only stop "
+                                    "works until it does")
                 if command == "stop":
                     self.joblog.event("stop", requested_by="litzctl")
                     self.finish(None)
@@ -1216,6 +1250,7 @@ class Master(Process):
             "report": self.joblog.last_report,
             "progress": self.joblog.progress_now(),  # Driver.set_total: {unit, done, total, eta_s}
             "compiling": self.compiling_now(),  # process -> the numba kernel it compiles (a cold cache)
+            "waiting": self.waiting_for() if self.state == "waiting" else None,
             "workers": [{"id": m.ident, "pid": m.info.get("pid"), "host": m.info.get("host"), "state": m.state,
                          "address": m.info.get("address"),
                          "executors": owned.get(m.ident, []), "memory": m.stats.get("rss"),

@@ -6,6 +6,7 @@ import signal
 import time
 from typing import Any
 
+from .appoutput import send_prints_to_stderr
 from .endpoint import listen_address
 from .errors import LitzError
 from .membership import Membership, connect_kv
@@ -65,6 +66,8 @@ def serve(role: str, name: str, *, etcd: Any = None, home: str | None = None,
     # a child of `litz run` (litz.local): every process of its job is on this machine
     listen = listen_address(host, port, os.environ.get("LITZ_LOCAL_DIR") or None)
     proc = cls(ident, membership, secret, listen, bind_host=bind_host)
+    # stdout is for the job's result alone (the launcher's, a local job's children share it): app prints go to stderr
+    send_prints_to_stderr(proc.output_prefix if role == "worker" else lambda: f"[{ident}] ")
     if role == "server":
         if memory_limit is not None:
             proc.shards.budget = memory_limit

@@ -8,6 +8,7 @@ that holds their updates has been flushed to the servers and acknowledged (thesi
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 from collections import defaultdict, deque
 from collections.abc import Hashable, Iterable
@@ -80,11 +81,13 @@ class Worker(Process):
         self.log = UpdateLog()
         self.runnable: deque[Task] = deque()
         self.current: Task | None = None
+        self.speaker: int | None = None  # the executor whose code runs outside a task (load_input): named in prints
         self.main = greenlet.getcurrent()
         self.fetches: dict[int, Fetch] = {}
         self.fetch_by_key: dict[Hashable, Fetch] = {}
         self.out_gets: dict[str, list] = defaultdict(list)
         self.completed: list[tuple[int, Any]] = []
+        self.completed_tasks: list[Task] = []  # the tasks of ``completed``, in order: named if a result cannot be sent
         # flush_id -> [items not yet acknowledged, results, {server: its items until it acknowledges them},
         #             the keys written or None]; parts sent again after a partial recovery are keyed
         #             (server, their own flush id), and resent_fids maps that id back to the flush
@@ -431,13 +434,27 @@ class Worker(Process):
         ex.executor_id, ex.num_executors, ex.config, ex._litz = eid, self.num_executors, self.config, self
         return ex
 
+    def load_input(self, eid: int, ex: Executor, init: bool = False) -> None:
+        """Run the app's ``load_input`` (and its ``__init__`` first, for a new executor), its prints named."""
+        self.speaker = eid
+        try:
+            if init:
+                ex.__init__()
+            ex.load_input()
+        finally:
+            self.speaker = None
+
+    def output_prefix(self) -> str:
+        """What the app's printed lines begin with here: this worker and the executor whose code prints."""
+        eid = self.current.eid if self.current is not None else self.speaker
+        return f"[{self.ident}] " if eid is None else f"[{self.ident} e{eid}] "
+
     def create_executors(self, eids: Iterable[int]) -> None:
         ready = []
         for eid in eids:
             ex = self._bind(eid)
             try:
-                ex.__init__()
-                ex.load_input()
+                self.load_input(eid, ex, init=True)
             except Exception as exc:
                 self.fail(*describe_app_exception(f"executor {eid} load_input", exc))
                 return
@@ -499,7 +516,7 @@ class Worker(Process):
                     ex.__dict__.update({a: v for a, v in data.items() if a not in state})
                 self.residency.add(eid, ex)  # account again, now with its input data
             elif not with_input:
-                ex.load_input()
+                self.load_input(eid, ex)
                 self.residency.add(eid, ex)
         except Exception as exc:
             self.fail(*describe_app_exception(f"executor {eid} load_input after moving", exc))
@@ -537,6 +554,7 @@ class Worker(Process):
         self.fetch_by_key.clear()
         self.out_gets.clear()
         self.completed.clear()
+        self.completed_tasks.clear()
         self.flushing = {}
         self.resent_fids.clear()
         self.unsettled.clear()
@@ -571,7 +589,7 @@ class Worker(Process):
                 self.residency.add(eid, ex)
                 continue
             try:
-                ex.load_input()
+                self.load_input(eid, ex)
             except Exception as exc:
                 self.fail(*describe_app_exception(f"executor {eid} load_input", exc))
                 return
@@ -626,7 +644,9 @@ class Worker(Process):
         self.tasks_run += 1
         if task.updates is not None:
             self.log.merge(task.updates)
+            task.updates = None
         self.completed.append((task.tid, task.result if task.signalled else result))
+        self.completed_tasks.append(task)
 
     def _task(self, what: str) -> Task:
         task = self.current
@@ -715,9 +735,10 @@ class Worker(Process):
     def flush(self) -> None:
         """Send the update log; the completed tasks' results follow once every server acknowledged."""
         results, self.completed = self.completed, []
+        tasks, self.completed_tasks = self.completed_tasks, []
         log = self.log.take()
         if not log:
-            self.send("master", (P.DONE, results, ()))
+            self.send_done(results, (), tasks)
             return
         by_server: dict[str, list] = defaultdict(list)
         shard_of, owners = self.shardmap.shard, self.shardmap.owners
@@ -727,9 +748,19 @@ class Worker(Process):
         fid = self.next_fid
         self.next_fid += 1
         for server, items in by_server.items():
-            self.send(server, (P.UPDATES, fid, items))
+            try:
+                self.send(server, (P.UPDATES, fid, items))
+            except Exception as exc:
+                bad = unsendable([(key, f"ps_update key {key!r:.60}") for _, key, _ in items]
+                                 + [(delta, f"ps_update delta of key {key!r:.60}") for _, key, delta in items])
+                if bad is None:
+                    raise
+                self.fail("ps_update", f"TypeError: {bad}, which cannot be sent to the parameter servers ({exc}); "
+                          "keys are str, int or tuples of them, deltas numbers or numpy arrays")
+                return
         # the master tells the other workers which keys these tasks wrote (too many: any key)
-        self.flushing[fid] = [len(log), results, by_server, list(log) if len(log) <= MAX_WRITTEN_KEYS else None]
+        self.flushing[fid] = [len(log), results, by_server, list(log) if len(log) <= MAX_WRITTEN_KEYS else None,
+                              tasks]
 
     def on_ack(self, server: str, fid: int, applied: int, errors: list, forwarded: bool = False) -> None:
         if errors:
@@ -765,7 +796,52 @@ class Worker(Process):
             if self.resent_fids:
                 for rf in [rf for rf, parent in self.resent_fids.items() if parent == fid]:
                     del self.resent_fids[rf]
-            self.send("master", (P.DONE, flushing[1], flushing[3]))
+            self.send_done(flushing[1], flushing[3], flushing[4])
+
+    def send_done(self, results: list, written: Any, tasks: list[Task]) -> None:
+        """Send completed tasks' results to the master. A result that cannot be pickled is the app's error, told
+        with the executor and task that returned it, as an exception raised in run_task is: never a lost worker."""
+        try:
+            self.send("master", (P.DONE, results, written))
+        except Exception as exc:
+            for (tid, result), task in zip(results, tasks, strict=True):
+                what = "the result given to signal_task_completion" if task.signalled else "run_task's return value"
+                bad = unsendable([(result, "result")])
+                if bad is not None:
+                    self.fail(f"executor {task.eid} run_task (task {tid})",
+                              f"TypeError: {what} cannot be sent to the driver: {bad} ({exc}); results are "
+                              "numbers, strings, numpy arrays, and lists, tuples and dicts of them")
+                    return
+            raise
+
+
+def unsendable(values: list[tuple[Any, str]]) -> str | None:
+    """The first of ``values`` (value, name) that pickle cannot send, said as 'NAME is a TYPE' (the part of a list,
+    tuple or dict that fails, if one does alone); None if every one pickles."""
+    def fails(value: Any) -> bool:
+        try:
+            pickle.dumps(value, protocol=5, buffer_callback=lambda _: False)
+            return False
+        except Exception:
+            return True
+
+    def part(value: Any, name: str, depth: int) -> str:
+        items: Iterable = ()
+        if isinstance(value, (list, tuple)):
+            items = ((v, f"[{i}]") for i, v in enumerate(value[:1000]))
+        elif isinstance(value, dict):
+            items = ((v, f"[{k!r:.40}]") for k, v in list(value.items())[:1000])
+        for v, index in items if depth < 8 else ():
+            if fails(v):
+                return part(v, name + index, depth + 1)
+        kind = type(value)
+        return f"{name} is a {kind.__module__}.{kind.__qualname__}" if kind.__module__ != "builtins" \
+            else f"{name} is a {kind.__qualname__}"
+
+    for value, name in values:
+        if fails(value):
+            return part(value, name, 0)
+    return None
 
 
 def executor_state(ex: Executor, with_input: bool) -> Any:

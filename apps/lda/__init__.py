@@ -605,6 +605,21 @@ class LDADriver(litz.Driver):
         result["model"] = self.output
         self.finish(result)
 
+    def summary(self, result: dict) -> dict:
+        """What the terminal shows: the final metrics and the first topics' top words; the history, every
+        topic and the schedule's record stay in the whole result (``--output``)."""
+        shown = 3
+        out = {k: v for k, v in result.items() if not isinstance(v, (dict, list))}
+        out["top_words"] = [words[:8] for words in result["top_words"][:shown]]
+        if len(result["top_words"]) > shown:
+            out["top_words"].append(f"... {len(result['top_words']) - shown} more topics in --output")
+        out["schedule_violations"] = len(result["schedule"]["violations"])
+        if "counts_ok" in result:
+            out["counts_ok"] = result["counts_ok"]
+        if isinstance(result.get("output"), dict):
+            out["output"] = result["output"]
+        return out
+
     def _top_words(self) -> list[list]:
         s, K = self.s, self.s.topics
         counts = [t[0] for f in self.finals for t in f["top"]]

@@ -52,7 +52,7 @@ def etcd_options(args: argparse.Namespace, default_timeout: float | None = None)
             raise LitzError(f"cannot read {args.etcd_password_file}: {exc.strerror}") from None
     options = EtcdOptions(args.etcd, args.etcd_timeout or default_timeout or DEFAULT_TIMEOUT_S, args.etcd_cacert,
                           args.etcd_cert, args.etcd_key, args.etcd_user, password if args.etcd_user else None,
-                          args.etcd_password_file)
+                          args.etcd_password_file, connect_wait=args.etcd_timeout)
     options.check()
     return options
 
@@ -88,8 +88,11 @@ def main_guard(prog: str, body: Callable[[], int | None]) -> int:
     try:
         return body() or 0
     except AppError as exc:
-        sys.stderr.write(exc.traceback_text.rstrip() + "\n")
-        sys.stderr.write(f"{prog}: {exc} (traceback above); the job was stopped\n")
+        text = exc.traceback_text.strip()
+        traceback_above = "\n" in text  # a one-line reason (a result that cannot be sent) is said once, below
+        if traceback_above:
+            sys.stderr.write(text + "\n")
+        sys.stderr.write(f"{prog}: {exc}{' (traceback above)' if traceback_above else ''}; the job was stopped\n")
         return 1
     except LitzError as exc:
         sys.stderr.write(f"{prog}: error: {exc}\n")

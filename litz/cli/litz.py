@@ -5,9 +5,14 @@ import argparse
 import json
 import os
 import sys
+from typing import TYPE_CHECKING, Any
 
+from ..appoutput import result_only_stdout
 from ..outofcore import parse_bytes
 from .common import Parser, add_etcd_options, etcd_options, main_guard, parse_config
+
+if TYPE_CHECKING:
+    from ..appload import App
 
 DESCRIPTION = """Litz runs elastic machine-learning jobs: a driver dispatches micro-tasks to executors that
 read and update a sharded parameter server; the runtime maps executors onto worker processes and shards
@@ -19,7 +24,8 @@ onto server processes.
   litz server          cluster mode: a parameter-server process (any number)
   litz warmup [APP]    compile the apps' numba kernels ahead of the first run (default: the bundled apps)
 
-APP is a module name resolved from the current directory (e.g. apps.mlr) or a path to a .py file."""
+APP is a module name resolved from the current directory (e.g. apps.mlr), a path to a .py file (.py may be
+left out) or to a package directory (apps/mlr)."""
 
 
 def _positive(text: str) -> int:
@@ -33,9 +39,12 @@ def _positive(text: str) -> int:
 
 
 def _job_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("app", help="module name (resolved from the current directory) or path to a .py file")
+    p.add_argument("app", help="module name (resolved from the current directory), path to a .py file (.py may be "
+                   "left out) or to a package directory")
     p.add_argument("--executors", type=_positive, help="logical executors (default: 4 per initial worker)")
     p.add_argument("--shards", type=_positive, help="logical parameter-server shards (default: max(64, 8 per server))")
+    p.add_argument("--driver", metavar="NAME", help="the Driver class to run, where the app holds more than one")
+    p.add_argument("--executor", metavar="NAME", help="the Executor class to run, where the app holds more than one")
     p.add_argument("--config", action="extend", nargs="+", metavar="KEY=VALUE",
                    help="app settings, JSON-decoded where possible (--config a=1 b=x, or repeat --config)")
     p.add_argument("--output", metavar="RESULT.json", help="write result, timings and events as JSON")
@@ -109,6 +118,15 @@ def job_options(args: argparse.Namespace) -> dict:
             "memory_limit": args.memory_limit}
 
 
+def print_result(app: App, result: Any, output: str | None) -> None:
+    """The result on stdout, alone: the app's short form of it (the whole one is in --output), as JSON, indented
+    for a person at a terminal."""
+    shown = app.summary(result)
+    if shown != result and not output:
+        sys.stderr.write("litz: the result below is a summary; --output FILE keeps all of it\n")
+    print(json.dumps(shown, indent=1 if sys.stdout.isatty() else None))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
@@ -118,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
 
             warmup(args.apps)
             return 0
+        if args.command in ("run", "master"):
+            from ..job import resolve_app
         if args.command == "run":
             import litz
 
@@ -129,21 +149,25 @@ def main(argv: list[str] | None = None) -> int:
                 opts["etcd"] = etcd_options(args)
             if args.server_memory_limit:
                 opts["server_memory_limit"] = parse_bytes(args.server_memory_limit)
-            result = litz.run(args.app, workers=args.workers, servers=args.servers,
-                              executors=args.executors, config=parse_config(args.config), **opts)
-            print(json.dumps(result))
+            with result_only_stdout():
+                app = resolve_app(args.app, args.driver, args.executor)
+                result = litz.run(app, workers=args.workers, servers=args.servers, executors=args.executors,
+                                  config=parse_config(args.config), **opts)
+            print_result(app, result, args.output)
             return 0
         if args.command == "master":
             from ..cluster import run_master
 
-            result = run_master(args.app, args.name, etcd=etcd_options(args), home=args.home,
-                                secret_file=args.secret_file,
-                                host=args.host, bind_host=args.bind, port=args.port, executors=args.executors,
-                                config=parse_config(args.config), shards=args.shards or 0, output=args.output,
-                                metrics=args.metrics, progress=not args.no_progress, min_workers=args.min_workers,
-                                min_servers=args.min_servers, start_timeout=args.start_timeout,
-                                **job_options(args))
-            print(json.dumps(result))
+            with result_only_stdout():
+                app = resolve_app(args.app, args.driver, args.executor)
+                result = run_master(app, args.name, etcd=etcd_options(args), home=args.home,
+                                    secret_file=args.secret_file,
+                                    host=args.host, bind_host=args.bind, port=args.port, executors=args.executors,
+                                    config=parse_config(args.config), shards=args.shards or 0, output=args.output,
+                                    metrics=args.metrics, progress=not args.no_progress,
+                                    min_workers=args.min_workers, min_servers=args.min_servers,
+                                    start_timeout=args.start_timeout, **job_options(args))
+            print_result(app, result, args.output)
             return 0
         from ..roles import serve
 

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 import time
 
 from ..errors import LitzError
+from ..finished import age, recent, registry_name
 from ..membership import Membership, connect_kv
 from ..roles import job_secret
 from .common import ETCD_ARGS, Parser, add_etcd_options, etcd_options, main_guard
@@ -22,14 +24,24 @@ SECRET_WAIT_S = 1.0  # a master publishes the secret just after it registers; on
 LITZCTL_ETCD_TIMEOUT_S = 10.0  # a person waits at the prompt: say "unreachable since ..." soon
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="litzctl", description=DESCRIPTION)
+def _common_options(p: argparse.ArgumentParser) -> None:
+    """Options every command takes, before or after the command's name (`litzctl status --name x`)."""
     add_etcd_options(p, "etcd of a cluster job (default: the local registry)")
     p.add_argument("--name", help="the job's name (see `litzctl list`)")
     p.add_argument("--secret-file", help="file holding the job secret, for a job started with --secret-file "
                    "(default: $LITZ_SECRET, else the secret the master published in the registry)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="litzctl", description=DESCRIPTION)
+    _common_options(p)
+    # the same options after the command: absent there, they leave what was given before it alone
+    common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    _common_options(common)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
-    sub.add_parser("list", help="jobs in the registry")
+    # every command gets them, also one added below later (a partial, so that no command can be left out)
+    sub.add_parser = functools.partial(sub.add_parser, parents=[common])  # type: ignore[method-assign]
+    sub.add_parser("list", help="jobs in the registry, and those that ended lately")
     st = sub.add_parser("status", help="state, progress, and every worker and server")
     st.add_argument("--json", action="store_true", help="machine-readable status")
     sub.add_parser("stop", help="end the job now (result: null)")
@@ -55,6 +67,39 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def format_list(keys: dict, ended: list[dict], now: float) -> str:
+    """The running jobs (``keys``: the registry's ``litz/jobs/`` prefix), with app, state and age, then the jobs
+    that ended lately (:mod:`litz.finished`)."""
+    jobs: dict[str, dict] = {}
+    for key, value in keys.items():
+        parts = key.split("/")
+        if len(parts) == 4 and parts[3] in ("master", "status"):
+            jobs.setdefault(parts[2], {})[parts[3]] = value if isinstance(value, dict) else {}
+    running = sorted(name for name, job in jobs.items() if "master" in job)
+    lines = []
+    if running:
+        rows = [["NAME", "APP", "STATE", "AGE"]]
+        for name in running:
+            master, st = jobs[name]["master"], jobs[name].get("status") or {}
+            started = master.get("started")
+            rows.append([name, str(master.get("app", "?")), str(st.get("state", "starting")),
+                         age(now - started) if isinstance(started, (int, float)) else "?"])
+        lines += ["running:", *_table(rows)]
+    else:
+        lines.append("no running jobs")
+    if ended:
+        rows = [["NAME", "APP", "STATE", "ENDED", "RESULT"]]
+        rows += [[str(d.get("name")), str(d.get("app")), str(d.get("state")), age(now - d["ended"]) + " ago",
+                  str(d.get("result") or "-")] for d in ended]
+        lines += ["ended lately:", *_table(rows)]
+    return "\n".join(lines)
+
+
 def format_status(st: dict) -> str:
     lines = [f"job {st['name']} ({st['app']}): {st['state']}, {st['elapsed_s']:.1f} s, version {st['version']}, "
              f"{st['tasks_completed']} tasks, {st['tasks_per_s']:,.0f} tasks/s",
@@ -67,6 +112,8 @@ def format_status(st: dict) -> str:
         p = st["progress"]
         eta = "" if p.get("eta_s") is None else f", ETA {p['eta_s']:.0f} s"
         lines.append(f"  {p['unit']} {p['done']}/{p['total']}{eta}")
+    if st.get("waiting"):  # not started: what it waits for, instead of executors it does not have yet
+        lines[1] = f"  {st['waiting']}"
     if st.get("checkpointing"):
         held = st["checkpointing"]
         lines.append(f"  checkpoint under way: dispatch held for {held['held_s']:.1f} s, "
@@ -144,10 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     def body() -> int:
+        if args.command == "scale" and args.workers is None and args.servers is None:
+            raise LitzError("scale needs --workers N, --servers M or both")
         kv = connect_kv(etcd_options(args, default_timeout=LITZCTL_ETCD_TIMEOUT_S))
         if args.command == "list":
-            jobs = sorted({k.split("/")[2] for k in kv.get_prefix("litz/jobs/") if k.endswith("/master")})
-            print("\n".join(jobs) if jobs else "no running jobs")
+            print(format_list(kv.get_prefix("litz/jobs/"), recent(registry_name(kv)), time.time()))
             return 0
         if not args.name:
             raise LitzError("--name is required (see `litzctl list`)")

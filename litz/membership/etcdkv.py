@@ -25,9 +25,10 @@ from ..errors import LitzError, RegistryUnavailable
 RPC_TIMEOUT_S = 2.0  # one call to one endpoint
 ENDPOINT_RETRY_S = 1.0  # a member that failed is tried again after this long
 DEFAULT_TIMEOUT_S = 300.0  # how long a job rides through an etcd outage (--etcd-timeout)
-# A process that has never reached etcd waits at most this long at start: a wrong address should be said in
-# seconds, and a supervisor (Kubernetes, Slurm) starts the process again if etcd was only late.
-CONNECT_WAIT_S = 10.0
+# A process that has never reached etcd waits at most this long at start (unless --etcd-timeout says how long):
+# a wrong address is said at once, and a supervisor (Kubernetes, Slurm) starts the process again if etcd was
+# only late. A running process rides out an outage for --etcd-timeout, as before.
+CONNECT_WAIT_S = 2.0
 # gRPC shares a subchannel per target across channels and backs off reconnecting up to 2 minutes: after a
 # long outage the keeper's probes kept failing for seconds after etcd was back, longer than a lease's TTL.
 # A channel of its own, retried at least every second.
@@ -48,6 +49,7 @@ class EtcdOptions:
     user: str | None = None
     password: str | None = field(default=None, repr=False)
     password_file: str | None = None  # where the password came from, for child processes (never argv)
+    connect_wait: float | None = None  # how long the first connection waits: --etcd-timeout if given, else short
 
     def argv(self) -> list[str]:
         """The command-line options that give a child process these options (the password through the file
@@ -133,7 +135,15 @@ class EtcdKV:
         self._client: Any = None
         self._failed: dict[str, float] = {}  # member 'host:port' -> when a call to it last failed
         self._lock = threading.Lock()
-        self._call(lambda c: c.status(), "connect", give_up=min(self.options.timeout, CONNECT_WAIT_S))
+        wait = self.options.connect_wait
+        try:
+            self._call(lambda c: c.status(), "connect", give_up=wait if wait else min(self.options.timeout,
+                                                                                      CONNECT_WAIT_S))
+        except RegistryUnavailable as exc:
+            if wait:  # asked to wait this long (a script waiting for etcd to come up): said as a give-up
+                raise exc.gave_up() from None
+            raise LitzError(f"cannot reach etcd at {self.endpoint} ({self.last_error}; tried for {exc.down_for:.0f} s):"
+                            " is it running there? (--etcd-timeout SECONDS waits for it)") from None
 
     @property
     def give_up_after(self) -> float:
@@ -171,6 +181,7 @@ class EtcdKV:
         if self._fail_fast and self.down_since is not None and not probe:
             raise RegistryUnavailable(self.endpoint, self.down_since, self.last_error)
         delay = 0.1
+        started = clock.time()  # the wait counts from here: one attempt may take RPC_TIMEOUT_S
         while True:
             try:
                 result = fn(self._current())
@@ -188,8 +199,11 @@ class EtcdKV:
                 self.last_error = f"{what}: {type(exc).__name__}"
                 if probe or self._fail_fast:
                     raise RegistryUnavailable(self.endpoint, self.down_since, self.last_error) from None
-                if now + delay - self.down_since > (self.options.timeout if give_up is None else give_up):
-                    raise RegistryUnavailable(self.endpoint, self.down_since, self.last_error).gave_up() from None
+                if now + delay - min(self.down_since, started) > (self.options.timeout if give_up is None else give_up):
+                    unreachable = RegistryUnavailable(self.endpoint, min(self.down_since, started), self.last_error)
+                    if what == "connect":
+                        raise unreachable from None  # said by the caller, who knows how long it was asked to wait
+                    raise unreachable.gave_up() from None
                 clock.sleep(delay)
                 delay = min(delay * 2, 2.0)
                 continue
