@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 import subprocess
 import sys
@@ -120,11 +121,16 @@ def test_a_planted_member_loss_on_an_unsettled_registry_is_caught(monkeypatch):
     or fails without any process having died."""
     from litz.membership.membership import Membership
 
+    def caught(seed: int) -> bool:
+        violations = run_schedule(seed, ("registry", "scale")).violations
+        return any(v.startswith(("recovery without a kill", "job failed", "hang:")) for v in violations)
+
+    # the first seeds that catch it, not fixed ones: a change to the check app redraws every schedule
     monkeypatch.setattr(Membership, "registry_settled", lambda self: True)
-    found = [v for s in (30, 33, 60) for v in run_schedule(s, ("registry", "scale")).violations]
-    assert any(v.startswith(("recovery without a kill", "job failed", "hang:")) for v in found), found
+    seeds = list(itertools.islice((s for s in range(300) if caught(s)), 3))
+    assert seeds, "no schedule of the first 300 caught the planted bug"
     monkeypatch.undo()
-    assert not [v for s in (30, 33, 60) for v in run_schedule(s, ("registry", "scale")).violations]
+    assert not [v for s in seeds for v in run_schedule(s, ("registry", "scale")).violations]
 
 
 def test_a_planted_drop_of_messages_the_registry_cannot_address_is_caught(monkeypatch):
