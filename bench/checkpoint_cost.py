@@ -1,4 +1,4 @@
-"""Checkpoint cost and recovery time (issue 4): MLR with a consistent checkpoint about once per epoch.
+"""Checkpoint cost and recovery time: MLR with a consistent checkpoint about once per epoch.
 
 Each round runs three ``litz run apps.mlr`` jobs with the same config (synthetic 200 000 x 500, 100 classes,
 10 epochs, 8 executors, 2 workers, 1 server; quick: 100 000 rows, 6 epochs):
@@ -126,7 +126,7 @@ def main() -> int:
            "detect_s": statistics.median(x["detect_s"] for x in recs) if recs else None,
            "kill_to_running_s": statistics.median(x["kill_to_running_s"] for x in recs) if recs else None}
     all_recovered = all(len(r["kill"]["recoveries"]) == 1 for r in rounds)
-    doc = {"target": "none numeric in issue 4: measure pause, size, recovery time and slowdown", "config": config,
+    doc = {"target": "no number set: measure pause, size, recovery time and slowdown", "config": config,
            "workers": WORKERS, "servers": 1, "executors": EXECUTORS, "blas_threads": args.blas_threads,
            "all_recovered": all_recovered, "median": med, "rounds": rounds}
     path = _table.write_result("checkpoint_cost", doc, quick=args.quick)

@@ -1,4 +1,4 @@
-"""How fast a cluster-mode job notices a killed worker and runs again (issue 4): connection watch vs leases.
+"""How fast a cluster-mode job notices a killed worker and runs again: connection watch vs leases.
 
 Cluster mode, for real: an etcd server, and ``litz master apps.mlr``, two ``litz worker`` and one ``litz
 server`` started as separate processes (no launcher watches them, as on several machines). MLR on synthetic
@@ -166,7 +166,7 @@ def main() -> int:
     ok = all(len(r["recoveries"]) == 1 for rs in runs.values() for r in rs) and all(
         r.get("noticed") == "connection dropped" for r in runs["connection"])
     ratio = summary["connection"]["detect_s"] / summary["lease"]["detect_s"]
-    doc = {"target": "none numeric in issue 4: a lost process is noticed and the job recovers", "config": config,
+    doc = {"target": "no number set: a lost process is noticed and the job recovers", "config": config,
            "workers": WORKERS, "servers": 1, "executors": EXECUTORS, "checkpoint_every_s": 1.0,
            "all_recovered_and_noticed_by_connection": ok, "median": summary, "detect_ratio": ratio, "runs": runs}
     path = _table.write_result("cluster_recovery", doc, quick=args.quick)

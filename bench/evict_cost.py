@@ -1,4 +1,4 @@
-"""The cost of one eviction and one load per MB (issue 7), against raw file I/O of the same bytes.
+"""The cost of one eviction and one load per MB, against raw file I/O of the same bytes.
 
 **Litz:** ``bench/apps/spill.py``, 1 worker, 1 server, 8 executors of ``S`` MB each (pseudo-random bytes,
 incompressible), ``S`` = 1, 8, 64. The budget is ``2.5 S`` (two executors fit), and the driver runs one task at a
@@ -177,7 +177,7 @@ def main() -> int:
         m["evict_mb_per_s"] = 1e3 / m["evict_ms_per_mb"]
         m["load_mb_per_s"] = 1e3 / m["load_ms_per_mb"]
     left = sum(len(r["limited"]["spill_left"]) for rs in runs.values() for r in rs)
-    doc = {"target": "none numeric in issue 7: the cost of one eviction and one load per MB",
+    doc = {"target": "no number set: the cost of one eviction and one load per MB",
            "executors": EXECUTORS, "budget": "2.5 executors", "sizes_mb": list(SIZES), "spill_files_left": left,
            "spill_fs": os.statvfs(tempfile.gettempdir()).f_fsid, "median": med, "runs": runs}
     path = _table.write_result("evict_cost", doc, quick=args.quick)

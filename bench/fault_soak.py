@@ -1,4 +1,4 @@
-"""Fault soak (issue 4): one long MLR run with 20 random kills of workers and servers.
+"""Fault soak: one long MLR run with 20 random kills of workers and servers.
 
 Two ``litz run apps.mlr`` jobs with the same config (synthetic 100 000 x 500, 100 classes, 160 epochs,
 8 executors, 2 workers, 2 servers, a checkpoint every second; quick: 50 000 rows, 60 epochs, 3 kills):

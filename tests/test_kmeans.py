@@ -186,7 +186,7 @@ class PeakWorkerRSS:
 
 @pytest.mark.timeout(120)
 def test_litz_run_with_a_quarter_of_the_data_in_memory(tmp_path, monkeypatch) -> None:
-    """Issue 7: a per-worker budget of a quarter of its executors' data. Same objective as the unlimited run
+    """Out of core: a per-worker budget of a quarter of its executors' data. Same objective as the unlimited run
     (same seed), evictions happened, every worker's executor state stayed within the budget, and its peak
     resident memory stayed under the budget plus the overhead the unlimited run had beside its data."""
     monkeypatch.setenv("LITZ_SPILL_DIR", str(tmp_path))
