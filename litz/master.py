@@ -34,7 +34,7 @@ from .kernels import FIRST_RUN, app_kernels, compile_all, preload, watch
 from .keys import ShardMap
 from .membership import Membership
 from .outofcore import parse_bytes
-from .placement import leaving_first, plan_moves
+from .placement import POLICIES, SpeedMeter, leaving_first, plan_moves, speed_plan
 from .process import Process, plausible_id
 from .recovery import CorruptCheckpoint, Recovery, RepeatedWarning, warn
 
@@ -52,6 +52,14 @@ REFUSED_WARNINGS = (10.0, 5)  # refused litzctl requests: at most 5 warnings eve
 _ANY_EPOCH = (P.HELLO, P.READY)  # messages the master takes whatever epoch they were sent at
 HISTORY_SAMPLES = 3600  # an hour of once-a-second samples for litzctl plot
 MAX_FOREIGN_KEYS = 4096  # more keys written elsewhere since a worker's last dispatch: it drops every live entry
+# placement "speed" (docs/design.md, "Placement policy"): how often the speeds are looked at, the gain in the
+# predicted step a rebalance must bring, the least time between two when the speeds stay put (and when they moved
+# past the threshold), and the completions a worker must have reported before its speed counts
+SPEED_CHECK_S = 1.0
+SPEED_THRESHOLD = 0.1
+REBALANCE_EVERY_S = 10.0
+REBALANCE_MIN_S = 2.0
+SPEED_MIN_TASKS = 4
 
 
 def open_wake_socket(host: str) -> socket.socket | None:
@@ -113,10 +121,19 @@ class Master(Process):
                  spawn: Callable[[str], Any] | None = None, checkpoint_dir: str | None = None,
                  checkpoint_every: float | None = None, checkpoint_keep: int = 3, resume: bool = False,
                  partial_recovery: bool = False, priority_checkpoint: float | None = None,
-                 memory_limit: int | None = None, wake: bool = True, **endpoint: Any):
+                 memory_limit: int | None = None, wake: bool = True, placement: str = "even", **endpoint: Any):
         """``wake``: open the UDP socket litzctl pings (see :func:`open_wake_socket`); without it requests are
-        polled only. ``endpoint``: :class:`litz.process.Process`'s listen address arguments."""
+        polled only. ``placement``: ``even`` or ``speed`` (executors follow the workers' measured speeds).
+        ``endpoint``: :class:`litz.process.Process`'s listen address arguments."""
+        if placement not in POLICIES:
+            raise LitzError(f"unknown placement {placement!r}: choose {' or '.join(POLICIES)}")
         super().__init__("master", membership, secret, **endpoint)
+        self.placement = placement
+        self.meters: dict[str, SpeedMeter] = {}  # worker -> its smoothed time per task (DONE's timing)
+        self.placed_weights: dict[str, float] | None = None  # the speeds the executor quotas follow (speed policy)
+        self.last_speed_rebalance: float | None = None
+        self.rebalance_every = REBALANCE_EVERY_S  # the simulator, on simulated time, makes it shorter
+        self.rebalance_min = REBALANCE_MIN_S
         self.app = app
         self.config = config
         self.requested_executors = num_executors
@@ -228,7 +245,7 @@ class Master(Process):
                 self.start_driver()
             except ReadInterrupted:
                 self.recover_interrupted_read()
-        last_check = last_status = last_requests = last_losses = clock.time()
+        last_check = last_status = last_requests = last_losses = last_speeds = clock.time()
         wake_fd = self.wake.fileno() if self.wake is not None else None
         fds = () if wake_fd is None else (wake_fd,)
         while not self.finished:
@@ -265,6 +282,10 @@ class Master(Process):
             if now - last_status > STATUS_EVERY_S:
                 last_status = now
                 self.publish_status()
+            if self.placement == "speed" and now - last_speeds > SPEED_CHECK_S:
+                last_speeds = now
+                self.rebalance_for_speed()
+                self.after_batch()
             self.show_progress()
         self.state = "finished" if self.state == "running" else self.state
         self.recovery.failures.settle()  # checkpoint failures and refused requests counted and not told yet
@@ -531,6 +552,11 @@ class Master(Process):
         if tag == P.DONE:
             if not all(type(r) is tuple and len(r) == 2 for r in msg[1]):  # never the driver's fault: checked first
                 raise BadMessage("DONE with a result that is not a (task id, result) pair")
+            if len(msg) > 3:  # how long the batch's tasks ran: the worker's speed
+                timing = msg[3]
+                if len(timing) != 3 or not all(isinstance(x, (int, float)) for x in timing):
+                    raise BadMessage("DONE with a timing that is not (tasks, wall s, cpu s)")
+                self.meters.setdefault(sender, SpeedMeter()).add(*timing)
             self.note_writes(sender, msg[2])  # before the driver dispatches anything behind these completions
             self.on_done(msg[1])
         elif tag == P.STATS:
@@ -781,6 +807,8 @@ class Master(Process):
                 self.operation = ScaleOperation(kind, clock.time(), processes)
             else:
                 self.operation.processes.extend(processes)
+                if self.operation.kind == "rebalance":  # a scale asked for during a rebalance: logged as the scale
+                    self.operation.kind = kind
         draining = {m.ident for m in self.workers.values() if m.state == "draining"}
         for eid, src, dest in ex_moves:
             if src in draining:  # leaving: its input data is dropped and re-loaded at the destination
@@ -932,10 +960,11 @@ class Master(Process):
         if self.pending("worker") or self.pending("server"):
             return  # processes this operation started have not all joined yet
         end = clock.time()
+        extra = {"speeds": {w: round(v, 3) for w, v in self.placed_weights.items()}} if op.kind == "rebalance" else {}
         self.joblog.event(op.kind, t=round(op.t0 - self.joblog.start, 4), end=round(end - self.joblog.start, 4),
                           duration_s=round(end - op.t0, 4), bytes=op.bytes, executors_moved=op.executors_moved,
                           shards_moved=op.shards_moved, processes=op.processes, workers=len(self.workers),
-                          servers=len(self.servers))
+                          servers=len(self.servers), **extra)
         self.operation = None
 
     def plan_needed(self) -> bool:
@@ -956,10 +985,43 @@ class Master(Process):
         servers = sorted(m.ident for m in self.servers.values() if m.state == "active")
         leaving = any(m.state == "draining" for m in (*self.workers.values(), *self.servers.values()))
         ex_moves = plan_moves(self.executor_owner, {**self.moving_executors, **self.copying_input}, workers,
-                              [] if leaving else self.pending("worker"))  # a leaving process cannot wait
+                              [] if leaving else self.pending("worker"),  # a leaving process cannot wait
+                              weights=self.placed_weights if self.placement == "speed" else None)
         shard_moves = plan_moves(self.shard_owner, self.moving_shards, servers,
                                  [] if leaving else self.pending("server"))
         return ex_moves, shard_moves
+
+    def speeds(self) -> dict[str, float]:
+        """Measured speed (tasks per second of running time) of each worker that has reported enough tasks."""
+        return {w: m.speed for w, m in self.meters.items() if m.tasks >= SPEED_MIN_TASKS and m.speed}
+
+    def rebalance_for_speed(self) -> None:
+        """Placement ``speed``: when the measured speeds shorten the predicted step by more than the threshold,
+        adopt them as the executor quotas and move executors (scale-out moves, event ``rebalance``). Only when
+        nothing else is under way; at most once per ``rebalance_every`` unless the speeds moved past the
+        threshold since the last one (docs/design.md, "Placement policy")."""
+        if (not self.started or self.finished or self.operation is not None or self.deferred_scale is not None
+                or self.recovery.in_progress is not None or self.recovery.restoring is not None
+                or self.recovery.paused or self.moving_executors or self.copying_input or self.moving_shards
+                or self.pending("worker") or any(m.state != "active" for m in self.workers.values())):
+            return
+        workers = sorted(m.ident for m in self.workers.values() if m.ready)
+        speeds = self.speeds()
+        if len(workers) < 2 or any(w not in speeds for w in workers):
+            return
+        now = clock.time()
+        if self.last_speed_rebalance is not None:
+            since = now - self.last_speed_rebalance
+            old = self.placed_weights or {}
+            moved = any(w not in old or abs(speeds[w] - old[w]) > SPEED_THRESHOLD * old[w] for w in workers)
+            if since < self.rebalance_min or (since < self.rebalance_every and not moved):
+                return
+        speeds = {w: speeds[w] for w in workers}
+        if not speed_plan(self.executor_owner, {}, workers, speeds, SPEED_THRESHOLD):
+            return
+        self.placed_weights = speeds
+        self.last_speed_rebalance = now
+        self.rebalance("rebalance", [])
 
     def drain(self, idents: list[str]) -> str:
         """Move everything off these processes; each exits once empty. Returns what is happening."""
@@ -1072,6 +1134,7 @@ class Master(Process):
         return bool(self._dead_children or self._unreachable or self._misbehaving)
 
     def forget(self, ident: str) -> None:
+        self.meters.pop(ident, None)
         self.workers.pop(ident, None)
         self.servers.pop(ident, None)
         self.endpoint.disconnect(ident)
@@ -1251,11 +1314,12 @@ class Master(Process):
             "progress": self.joblog.progress_now(),  # Driver.set_total: {unit, done, total, eta_s}
             "compiling": self.compiling_now(),  # process -> the numba kernel it compiles (a cold cache)
             "waiting": self.waiting_for() if self.state == "waiting" else None,
+            "placement": self.placement,
             "workers": [{"id": m.ident, "pid": m.info.get("pid"), "host": m.info.get("host"), "state": m.state,
                          "address": m.info.get("address"),
                          "executors": owned.get(m.ident, []), "memory": m.stats.get("rss"),
                          "budget": m.stats.get("budget"), "state_bytes": m.stats.get("state_bytes"),
-                         "evicted": m.stats.get("evicted", [])}
+                         "evicted": m.stats.get("evicted", []), **self.speed_status(m.ident)}
                         for m in self.workers.values()],
             "servers": [{"id": m.ident, "pid": m.info.get("pid"), "host": m.info.get("host"), "state": m.state,
                          "address": m.info.get("address"),
@@ -1264,6 +1328,14 @@ class Master(Process):
                          "evicted": m.stats.get("evicted", [])}
                         for m in self.servers.values()],
         }
+
+    def speed_status(self, worker: str) -> dict:
+        """A worker's measured speed for the status: tasks per second of running time, and ms per task (wall, CPU)."""
+        m = self.meters.get(worker)
+        if m is None or m.per_task is None:
+            return {"speed": None, "task_ms": None, "task_cpu_ms": None}
+        return {"speed": round(m.speed, 3), "task_ms": round(m.per_task * 1e3, 3),
+                "task_cpu_ms": round(m.cpu_per_task * 1e3, 3)}
 
     def publish_status(self) -> None:
         st = self.status()

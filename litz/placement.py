@@ -5,19 +5,46 @@ exceed the even share by one go to the processes that already hold the most, so 
 need not. Processes about to join (started, not ready yet) count in the quotas, but moves to them wait
 until they have joined: growing 2 -> 4 workers moves 8 of 16 executors, not 5 for the third worker and
 then 4 more (one of them again) for the fourth.
+
+With weights (the ``speed`` policy: docs/design.md, "Placement policy") the quotas are in proportion to them
+instead; :func:`speed_plan` decides when the measured speeds are worth a move (hysteresis), and
+:class:`SpeedMeter` smooths what the workers report.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 
+POLICIES = ("even", "speed")
+
+
+def quotas(n: int, ranked: list[str], weights: dict[str, float] | None = None) -> dict[str, int]:
+    """Items per process: ``n`` spread evenly, or in proportion to ``weights`` (largest remainder first). Ties and
+    the even extras go to processes earlier in ``ranked`` (those holding the most), so nothing moves that need not.
+    A process without a weight counts at the mean of the others."""
+    if not weights:
+        base, extra = divmod(n, len(ranked))
+        return {p: base + (1 if i < extra else 0) for i, p in enumerate(ranked)}
+    known = [weights[p] for p in ranked if weights.get(p, 0) > 0]
+    mean = sum(known) / len(known) if known else 1.0
+    w = {p: weights[p] if weights.get(p, 0) > 0 else mean for p in ranked}
+    total = sum(w.values())
+    ideal = {p: n * w[p] / total for p in ranked}
+    quota = {p: int(ideal[p]) for p in ranked}
+    rest = n - sum(quota.values())
+    order = sorted(range(len(ranked)), key=lambda i: (-(ideal[ranked[i]] - quota[ranked[i]]), i))
+    for i in order[:rest]:
+        quota[ranked[i]] += 1
+    return quota
+
 
 def plan_moves(owner: list[str], moving: dict[int, str], active: list[str],
-               pending: list[str] = ()) -> list[tuple[int, str, str]]:
+               pending: list[str] = (), weights: dict[str, float] | None = None) -> list[tuple[int, str, str]]:
     """Moves ``(item, source, dest)`` that balance ``owner`` (item -> process) over ``active`` and ``pending``.
 
     ``moving`` maps items already in flight to their destination; they count there and are not moved again.
     ``pending`` are processes about to join: they get their quota in the plan, but the moves to them are left
-    out (their items stay where they are until the next plan, made once they have joined).
+    out (their items stay where they are until the next plan, made once they have joined). ``weights``: quotas
+    in proportion to them (see :func:`quotas`) instead of even.
     """
     if not active:
         return []
@@ -30,9 +57,8 @@ def plan_moves(owner: list[str], moving: dict[int, str], active: list[str],
     for item, proc in enumerate(future):
         held[proc].append(item)
     active_set = set(active)
-    base, extra = divmod(len(owner), len(active))
     ranked = sorted(active, key=lambda p: (-len(held[p]), p))
-    quota = {p: base + (1 if i < extra else 0) for i, p in enumerate(ranked)}
+    quota = quotas(len(owner), ranked, weights)
     surplus: list[int] = []
     for proc, items in held.items():
         free = [i for i in items if i not in moving]
@@ -55,3 +81,61 @@ def leaving_first(started: dict[str, tuple[float, int]], target: int) -> list[st
     id, join order). Start order, not join order: processes started together join in any order, and the
     user who scaled out to w2, w3 expects ``scale --workers 2`` to give back w2 and w3."""
     return sorted(started, key=lambda p: (*started[p], p))[target:]
+
+
+def predicted_step(counts: dict[str, int], speeds: dict[str, float]) -> float:
+    """Time of one synchronous step with ``counts`` executors per worker: the slowest worker's executors / speed."""
+    return max((c / speeds[p] for p, c in counts.items() if c), default=0.0)
+
+
+def speed_plan(owner: list[str], moving: dict[int, str], active: list[str], speeds: dict[str, float],
+               threshold: float = 0.1) -> list[tuple[int, str, str]]:
+    """Moves that place executors in proportion to ``speeds`` (tasks per second of each worker), or none when they
+    would shorten the predicted step by less than ``threshold`` (a fraction): the hysteresis that keeps noise in
+    the measured speeds from moving executors back and forth. Fewest moves, as :func:`plan_moves`."""
+    if not active or any(speeds.get(p, 0) <= 0 for p in active):
+        return []
+    moves = plan_moves(owner, moving, active, weights=speeds)
+    if not moves:
+        return []
+    future = list(owner)
+    for item, dest in moving.items():
+        future[item] = dest
+    before = {p: future.count(p) for p in active}
+    after = dict(before)
+    for _, src, dest in moves:
+        after[src] -= 1
+        after[dest] += 1
+    now, then = predicted_step(before, speeds), predicted_step(after, speeds)
+    if now <= 0 or (now - then) / now < threshold:
+        return []
+    return moves
+
+
+class SpeedMeter:
+    """A worker's smoothed seconds per task: an EMA (``alpha``) of each report's mean, the mean clipped at
+    ``clip`` times the estimate so one slow task moves it by at most ``alpha * (clip - 1)``."""
+
+    def __init__(self, alpha: float = 0.2, clip: float = 3.0):
+        self.alpha, self.clip = alpha, clip
+        self.per_task: float | None = None
+        self.cpu_per_task = 0.0
+        self.tasks = 0
+
+    def add(self, tasks: int, wall: float, cpu: float) -> None:
+        """A report: ``tasks`` completed, having run ``wall`` seconds (``cpu`` of them on a CPU) in all."""
+        if tasks <= 0 or wall <= 0:
+            return
+        mean, cpu_mean = wall / tasks, max(cpu, 0.0) / tasks
+        self.tasks += tasks
+        if self.per_task is None:
+            self.per_task, self.cpu_per_task = mean, cpu_mean
+            return
+        a = self.alpha
+        self.per_task += a * (min(mean, self.clip * self.per_task) - self.per_task)
+        self.cpu_per_task += a * (min(cpu_mean, self.clip * self.per_task) - self.cpu_per_task)
+
+    @property
+    def speed(self) -> float | None:
+        """Tasks per second of running time, or None before any report."""
+        return 1.0 / self.per_task if self.per_task else None

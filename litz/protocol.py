@@ -25,7 +25,7 @@ SHARDS = "shards"      # master -> worker/server: (SHARDS, num_shards, owners, m
 CREATE = "create"      # master -> worker: (CREATE, [eid, ...])
 READY = "ready"        # worker -> master: (READY, [eid, ...])
 TASKS = "tasks"        # master -> worker: (TASKS, [(task_id, eid, version, args), ...])
-DONE = "done"          # worker -> master: (DONE, [(task_id, result), ...])
+DONE = "done"          # worker -> master: (DONE, [(task_id, result), ...], written keys, (tasks, wall s, cpu s))
 FAIL = "fail"          # any -> master: (FAIL, where, traceback_text)
 GETS = "gets"          # worker or master -> server: (GETS, [(request_id, shard, key), ...])
 VALUES = "values"      # server -> worker/master: (VALUES, [(request_id, value), ...][, True: after forwarding])
@@ -100,7 +100,8 @@ _TO_BOTH = {CHECKPOINT: _shape(str, master=True), SHARDS: _shape(_INT, _SEQ, _IN
 # receiving role -> tag -> shape
 SHAPES: dict[str, dict[str, tuple]] = {
     "master": {
-        HELLO: _shape(int, str, dict), READY: _shape(_SEQ), DONE: _shape(list, (list, tuple, type(None))),
+        HELLO: _shape(int, str, dict), READY: _shape(_SEQ),
+        DONE: _shape(list, (list, tuple, type(None)), tuple, optional=1),
         FAIL: _shape(str, str), STATS: _shape(dict), MOVED: _shape(_INT, _INT), INPUT_READY: _shape(_INT),
         SHARD_MOVED: _shape(_INT, _INT), RETIRED: _shape(_SEQ, optional=1), DRAIN_ME: _shape(),
         CHECKPOINTED: _shape(dict), CHECKPOINT_FAILED: _shape(str), RESTORED: _shape(), RESTORE_FAILED: _shape(str),

@@ -42,7 +42,7 @@ MAX_WRITTEN_KEYS = 1024
 
 class Task:
     __slots__ = ("tid", "eid", "version", "args", "glet", "result", "signalled", "values", "missing", "gen",
-                 "retried", "updates", "live_ok")
+                 "retried", "updates", "live_ok", "wall", "cpu")
 
     def __init__(self, tid: int, eid: int, version: int, args: Any, gen: int = 0, live_ok: bool = False):
         self.tid, self.eid, self.version, self.args, self.gen = tid, eid, version, args, gen
@@ -54,6 +54,18 @@ class Task:
         self.signalled = False
         self.values: list | None = None
         self.missing = 0
+        self.wall = self.cpu = 0.0  # time this task's greenlet ran (summed over its slices): the worker's speed
+
+
+def slow_factor(ident: str) -> float:
+    """LITZ_TEST_SLOW_WORKER=w1:0.75 (tests and benchmarks only): worker w1 then sleeps after each slice of a
+    task so that it runs at 25 % of its speed, as a CPU quota would make it; 0 for every other worker."""
+    spec = os.environ.get("LITZ_TEST_SLOW_WORKER", "")
+    for item in spec.split(","):
+        who, _, frac = item.partition(":")
+        if who == ident and frac:
+            return min(max(float(frac), 0.0), 0.95)
+    return 0.0
 
 
 class Fetch:
@@ -83,6 +95,8 @@ class Worker(Process):
         self.current: Task | None = None
         self.speaker: int | None = None  # the executor whose code runs outside a task (load_input): named in prints
         self.main = greenlet.getcurrent()
+        slow = slow_factor(self.ident)
+        self.slow = slow / (1.0 - slow)  # seconds slept per second a task runs (the test hook; 0: none)
         self.fetches: dict[int, Fetch] = {}
         self.fetch_by_key: dict[Hashable, Fetch] = {}
         self.out_gets: dict[str, list] = defaultdict(list)
@@ -605,17 +619,25 @@ class Worker(Process):
 
     # -- micro-tasks ---------------------------------------------------------------------------------
     def run_slice(self) -> None:
-        deadline = clock.perf_counter() + RUN_SLICE_S
+        perf, cpu_time = clock.perf_counter, clock.thread_time
+        deadline = perf() + RUN_SLICE_S
         runnable = self.runnable
         while runnable:
             task = runnable.popleft()
             self.current = task
+            t0, c0 = perf(), cpu_time()
             if task.glet is None:
                 task.glet = greenlet.greenlet(self._task_body)
                 task.glet.switch(task)
             else:
                 task.glet.switch()
-            if clock.perf_counter() > deadline:
+            now = perf()
+            if self.slow:
+                clock.sleep((now - t0) * self.slow)
+                now = perf()
+            task.wall += now - t0
+            task.cpu += cpu_time() - c0
+            if now > deadline:
                 break
         self.current = None
 
@@ -802,7 +824,9 @@ class Worker(Process):
         """Send completed tasks' results to the master. A result that cannot be pickled is the app's error, told
         with the executor and task that returned it, as an exception raised in run_task is: never a lost worker."""
         try:
-            self.send("master", (P.DONE, results, written))
+            # how long these tasks ran (the master's measure of this worker's speed), on the message already sent
+            timing = (len(tasks), sum(t.wall for t in tasks), sum(t.cpu for t in tasks))
+            self.send("master", (P.DONE, results, written, timing))
         except Exception as exc:
             for (tid, result), task in zip(results, tasks, strict=True):
                 what = "the result given to signal_task_completion" if task.signalled else "run_task's return value"

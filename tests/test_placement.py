@@ -1,5 +1,5 @@
 """The balancing policy (litz.placement.plan_moves): even spread, fewest moves, processes about to join."""
-from litz.placement import leaving_first, plan_moves
+from litz.placement import SpeedMeter, leaving_first, plan_moves, quotas, speed_plan
 
 
 def apply(owner: list[str], moves: list[tuple[int, str, str]]) -> list[str]:
@@ -51,3 +51,58 @@ def test_scale_in_releases_the_newest_by_start_order_not_join_order():
     assert leaving_first(started, 3) == ["w3"]
     assert leaving_first(started, 2) == ["w2", "w3"]
     assert leaving_first(started, 4) == []
+
+
+# -- the speed policy: quotas in proportion to measured speeds, hysteresis, the smoothed speed -------------------
+def test_speed_plan_gives_executors_in_proportion_to_speed_with_fewest_moves():
+    owner = ["w0"] * 8 + ["w1"] * 8
+    moves = speed_plan(owner, {}, ["w0", "w1"], {"w0": 3.0, "w1": 1.0})  # w1 at a third of w0's speed
+    after = apply(owner, moves)
+    assert after.count("w0") == 12 and after.count("w1") == 4
+    assert len(moves) == 4 and all(src == "w1" and dest == "w0" for _, src, dest in moves)  # only the excess
+    # three workers, 2:1:1 over 16 executors -> 8, 4, 4 whatever they hold now
+    owner = ["a"] * 6 + ["b"] * 5 + ["c"] * 5
+    after = apply(owner, speed_plan(owner, {}, ["a", "b", "c"], {"a": 2.0, "b": 1.0, "c": 1.0}))
+    assert [after.count(p) for p in "abc"] == [8, 4, 4]
+    # items already moving count at their destination and are not moved again
+    moving = {0: "w1"}
+    moves = speed_plan(["w0"] * 8 + ["w1"] * 8, moving, ["w0", "w1"], {"w0": 1.0, "w1": 3.0})
+    assert all(item != 0 for item, _, _ in moves) and len(moves) == 3
+
+
+def test_speed_plan_hysteresis_no_move_back_and_forth_on_noise():
+    owner = ["w0"] * 8 + ["w1"] * 8
+    # equal speeds with a few per cent of noise either way: never worth a move
+    for noise in (0.97, 1.03, 0.94, 1.06, 1.0):
+        assert speed_plan(owner, {}, ["w0", "w1"], {"w0": 1.0, "w1": noise}) == []
+    # once placed for 3:1, noise around 3:1 does not move anything back
+    placed = apply(owner, speed_plan(owner, {}, ["w0", "w1"], {"w0": 3.0, "w1": 1.0}))
+    for w1 in (0.9, 1.1, 0.95, 1.05):
+        assert speed_plan(placed, {}, ["w0", "w1"], {"w0": 3.0, "w1": w1}) == []
+    # but the worker recovering its speed gets its executors back
+    back = apply(placed, speed_plan(placed, {}, ["w0", "w1"], {"w0": 1.0, "w1": 1.0}))
+    assert back.count("w0") == 8
+    # a one-executor gain under the threshold is not taken: 9:7 against 8:8 shortens the step by 2 %
+    assert plan_moves(owner, {}, ["w0", "w1"], weights={"w0": 1.15, "w1": 1.0})  # the quotas differ...
+    assert speed_plan(owner, {}, ["w0", "w1"], {"w0": 1.15, "w1": 1.0}, threshold=0.1) == []  # ...not worth it
+
+
+def test_quotas_add_up_and_a_process_without_weight_counts_at_the_mean():
+    q = quotas(10, ["a", "b", "c"], {"a": 1.0, "b": 1.0})
+    assert sum(q.values()) == 10 and q["c"] in (3, 4)
+    assert quotas(7, ["a", "b"]) == {"a": 4, "b": 3}  # no weights: the even policy, extras to the first ranked
+    assert sum(quotas(17, ["a", "b", "c"], {"a": 0.3, "b": 0.3, "c": 0.4}).values()) == 17
+
+
+def test_speed_meter_is_an_ema_robust_to_one_slow_task():
+    m = SpeedMeter(alpha=0.2)
+    assert m.speed is None
+    m.add(10, 1.0, 0.9)  # 0.1 s a task
+    assert abs(m.speed - 10.0) < 1e-9
+    m.add(1, 100.0, 0.1)  # one task stalled for 100 s: clipped at 3x, moves the estimate by at most 40 %
+    assert m.per_task <= 0.1 * (1 + 0.2 * 2) + 1e-12
+    for _ in range(30):  # a real slowdown (4x) is followed
+        m.add(5, 2.0, 0.5)
+    assert abs(m.per_task - 0.4) < 0.01 and abs(m.speed - 2.5) < 0.1
+    m.add(0, 0.0, 0.0)  # an empty report changes nothing
+    assert abs(m.speed - 2.5) < 0.1

@@ -103,7 +103,8 @@ def format_list(keys: dict, ended: list[dict], now: float) -> str:
 def format_status(st: dict) -> str:
     lines = [f"job {st['name']} ({st['app']}): {st['state']}, {st['elapsed_s']:.1f} s, version {st['version']}, "
              f"{st['tasks_completed']} tasks, {st['tasks_per_s']:,.0f} tasks/s",
-             f"  {st['executors']} executors, {st['shards']} shards; last report: "
+             f"  {st['executors']} executors ({st.get('placement', 'even')} placement), {st['shards']} shards; "
+             "last report: "
              + (", ".join(f"{k}={v}" for k, v in st.get("report", {}).items()) or "none")]
     if st.get("compiling"):  # a cold numba cache (litz.kernels)
         lines.append("  compiling kernels (first run only): "
@@ -126,8 +127,10 @@ def format_status(st: dict) -> str:
                 mem += (f"  state {p.get('state_bytes') or 0:,} of budget {p['budget']:,} B"
                         f"  evicted {p.get('evicted') or []}")
             state = "" if p.get("state", "active") == "active" else f"  ({p['state']})"
+            speed = ("" if p.get("speed") is None else  # measured: tasks per second of running time
+                     f"  speed {p['speed']:,.1f} tasks/s ({p['task_ms']:.1f} ms a task, {p['task_cpu_ms']:.1f} on CPU)")
             lines.append(f"  {role} {p['id']:>{width}}  pid {p['pid']:>7}  {p.get('address') or p['host']}  "
-                         f"{what} {len(p[what])}{mem}{state}")
+                         f"{what} {len(p[what])}{speed}{mem}{state}")
     return "\n".join(lines)
 
 
