@@ -134,6 +134,7 @@ class Master(Process):
         self.last_speed_rebalance: float | None = None
         self.rebalance_every = REBALANCE_EVERY_S  # the simulator, on simulated time, makes it shorter
         self.rebalance_min = REBALANCE_MIN_S
+        self.speed_check_s = SPEED_CHECK_S
         self.app = app
         self.config = config
         self.requested_executors = num_executors
@@ -282,7 +283,7 @@ class Master(Process):
             if now - last_status > STATUS_EVERY_S:
                 last_status = now
                 self.publish_status()
-            if self.placement == "speed" and now - last_speeds > SPEED_CHECK_S:
+            if self.placement == "speed" and now - last_speeds > self.speed_check_s:
                 last_speeds = now
                 self.rebalance_for_speed()
                 self.after_batch()

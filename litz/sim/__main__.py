@@ -11,8 +11,8 @@ from .schedule import EVENTS, OUTCOMES, Outcome, run_schedule
 
 
 def _run_range(args: tuple[int, int, tuple[str, ...]]) -> list[Outcome]:
-    start, count, events = args
-    return [run_schedule(seed, events) for seed in range(start, start + count)]
+    start, count, events, placement = args
+    return [run_schedule(seed, events, placement=placement) for seed in range(start, start + count)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--events", default=",".join(EVENTS),
                     help=f"comma-separated event kinds to draw from (default: {','.join(EVENTS)})")
     ap.add_argument("--jobs", type=int, default=1, help="processes to run schedules in (default 1)")
+    ap.add_argument("--placement", choices=("even", "speed"), help="the executor placement policy of every "
+                    "schedule (default: each seed draws one; under speed the master is fed random speeds)")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per schedule")
     args = ap.parse_args(argv)
     events = tuple(e for e in args.events.split(",") if e)
@@ -36,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
                  else "--seeds and --jobs must be >= 1")
     t0 = time.perf_counter()
     chunk = max(1, min(50, args.seeds // (args.jobs * 4) or 1))
-    ranges = [(s, min(chunk, args.seed + args.seeds - s), events)
+    ranges = [(s, min(chunk, args.seed + args.seeds - s), events, args.placement)
               for s in range(args.seed, args.seed + args.seeds, chunk)]
     totals: Counter = Counter()
     failed = runs = tasks = 0

@@ -22,7 +22,8 @@ from .world import InlinePool, SimEndpoint, SimKV, SimProcess, World
 
 EVENTS = ("scale", "drain", "kill", "checkpoint", "memory", "registry")
 EVENTS_BEFORE_REGISTRY = EVENTS[:5]  # the kinds the plans of the recorded bug replays were drawn from
-OUTCOMES = ("recovery", "partial_recovery", "evict")  # what the events led to, counted from the job's events
+# what the events led to, counted from the job's events
+OUTCOMES = ("recovery", "partial_recovery", "evict", "rebalance")
 JOB = "sim"
 SECRET = "sim"  # the job secret of every simulated process (sim:// carries no keys; requests are signed with it)
 TIME_LIMIT_S = 900.0  # simulated: a schedule still running by then has hung
@@ -65,9 +66,10 @@ class Plan:
     partial_recovery: bool
     events: list[tuple[float, str, Any]]
     staleness: int | None = None  # None: each executor's tasks one after another; else SSP with this bound
+    placement: str = "even"  # "speed": the master is fed random speed samples and rebalances by them
 
 
-def plan(seed: int, allowed: tuple[str, ...]) -> Plan:
+def plan(seed: int, allowed: tuple[str, ...], placement: str | None = None) -> Plan:
     """The job and events seed ``seed`` draws. Its own random stream, apart from the scheduler's: a regression
     test can pin a plan while the seed picks the interleaving, and a draw added at the end changes no plan."""
     rng = random.Random(f"litz.sim plan {seed}")
@@ -94,6 +96,7 @@ def plan(seed: int, allowed: tuple[str, ...]) -> Plan:
         p.events.append((t, kind, arg))
     p.partial_recovery = checkpoints and rng.random() < 0.3
     p.staleness = rng.choice([None, None, 0, 1, 2])
+    p.placement = rng.choice(["even", "speed"]) if placement is None else placement
     return p
 
 
@@ -146,8 +149,10 @@ class Schedule:
                         min_servers=p.servers, joblog=JobLog(progress=False), start_timeout=60.0,
                         spawn=self.spawn, checkpoint_dir=f"{self.tmp}/checkpoints" if p.checkpoint_every else None,
                         checkpoint_every=p.checkpoint_every, partial_recovery=p.partial_recovery,
-                        listen="sim://master", wake=False)
+                        listen="sim://master", wake=False, placement=p.placement)
         self.master = master
+        if p.placement == "speed":
+            self._feed_speeds(master)
         master.register()
         self._keep(membership, proc)
         try:
@@ -160,6 +165,30 @@ class Schedule:
             membership.unregister()
             membership.clear()
             master.close()
+
+    def _feed_speeds(self, master: Any) -> None:
+        """Placement ``speed``: tasks take no simulated time, so the master is fed speed samples instead, each
+        worker's speed drawn anew now and then (a straggler appears, recovers), with noise; the master's
+        rebalancing periods are scaled down to the schedule's simulated seconds so rebalances interleave with
+        the other events."""
+        from ..placement import SpeedMeter
+
+        master.speed_check_s, master.rebalance_min, master.rebalance_every = 0.01, 0.02, 0.1
+        rng = random.Random(f"litz.sim speeds {self.seed}")
+        base: dict[str, float] = {}
+        world = self.world
+
+        def step() -> None:
+            if master.finished:
+                return
+            for w in list(master.workers):
+                if w not in base or rng.random() < 0.05:
+                    base[w] = rng.choice([0.01, 0.01, 0.02, 0.04])
+                per_task = base[w] * rng.uniform(0.9, 1.1)
+                master.meters.setdefault(w, SpeedMeter()).add(4, 4 * per_task, 4 * per_task)
+            world.at(world.now + 0.01, step)
+
+        world.at(world.now + 0.01, step)
 
     def _keep(self, membership: Membership, proc: SimProcess) -> None:
         """The lease keeper (a thread in a real process): in schedules with registry outages only, so that the
@@ -288,8 +317,10 @@ class Schedule:
                        self.master.tasks_completed if self.master else 0, world.messages, log.getvalue())
 
 
-def run_schedule(seed: int, events: tuple[str, ...] = EVENTS, job: Plan | None = None) -> Outcome:
+def run_schedule(seed: int, events: tuple[str, ...] = EVENTS, job: Plan | None = None,
+                 placement: str | None = None) -> Outcome:
+    """``placement``: force the policy (else each seed draws it)."""
     global _app
     if _app is None:
         _app = load_app("litz.sim.checkapp")
-    return Schedule(seed, events, job).run()
+    return Schedule(seed, events, job or plan(seed, events, placement)).run()

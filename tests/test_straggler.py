@@ -1,0 +1,65 @@
+"""Placement ``speed`` end to end: a worker slowed by the test hook (LITZ_TEST_SLOW_WORKER: it sleeps three times
+as long as each slice of a task ran, as a 25 % CPU quota would make it) loses executors while the job runs, the
+speeds show in litzctl status, each rebalance is a job event with the speeds and bytes, and the result stays exact
+(the chains app: causal chains across executors, exact totals, executor state that must move with them)."""
+import json
+import os
+
+import pytest
+
+from tests.helpers import Processes, app_path, run_cli, status, wait_for
+from tests.test_elasticity import CHAINS, check_result
+
+STEPS = 200
+
+
+@pytest.mark.timeout(180)
+def test_a_slow_worker_loses_executors_and_the_result_stays_exact(tmp_path):
+    name, out = "straggler", tmp_path / "out.json"
+    env = {**os.environ, "LITZ_TEST_SLOW_WORKER": "w1:0.75"}
+    with Processes() as procs:
+        job = procs.start(["litz", "run", app_path("chains"), "--name", name, "--executors", "16", "--placement",
+                           "speed", "--config", f"chains={CHAINS}", f"steps={STEPS}", "sleep=0.004",
+                           "--output", str(out), "--no-progress"], env=env)
+        wait_for(lambda: status(name), 30, "the job's status")
+
+        def shifted():
+            st = status(name)
+            if not st or st["state"] != "running" or st["moving"]["executors"]:
+                return None
+            held = {w["id"]: w for w in st["workers"]}
+            if set(held) == {"w0", "w1"} and len(held["w1"]["executors"]) <= 5:
+                return st
+            return None
+
+        st = wait_for(shifted, 60, "w1 (slowed to a quarter) down to 5 or fewer of 16 executors")
+        assert st["placement"] == "speed"
+        speeds = {w["id"]: w["speed"] for w in st["workers"]}
+        assert speeds["w0"] > 2.5 * speeds["w1"], speeds  # measured: w1 runs at about a quarter of w0's speed
+        assert len(st["workers"][0]["executors"]) + len(st["workers"][1]["executors"]) == 16
+        shown = run_cli(["litzctl", "--name", name, "status"])
+        assert shown.returncode == 0 and "speed placement" in shown.stdout
+        assert shown.stdout.count(" tasks/s (") == 2, shown.stdout  # each worker's measured speed
+
+        _, err = job.communicate(timeout=150)
+        assert job.returncode == 0, err
+    doc = json.loads(out.read_text())
+    check_result(doc["result"], STEPS)
+    rebalances = [e for e in doc["events"] if e["kind"] == "rebalance"]
+    assert rebalances, [e["kind"] for e in doc["events"]]
+    first = rebalances[0]
+    assert first["executors_moved"] >= 3 and first["bytes"] > 0
+    assert first["speeds"]["w0"] > 2.5 * first["speeds"]["w1"]
+    # no rebalance follows another within 10 s unless the speeds moved past the threshold: with a steady
+    # straggler, at most a second one corrects the first (measured before w1's queue drained)
+    assert len(rebalances) <= 2, rebalances
+
+
+def test_even_placement_is_the_default_and_an_unknown_one_is_refused(tmp_path):
+    res = run_cli(["litz", "run", app_path("chains"), "--placement", "fastest", "--no-progress"])
+    assert res.returncode != 0 and "invalid choice: 'fastest'" in res.stderr
+    import litz
+    from litz.errors import LitzError
+
+    with pytest.raises(LitzError, match="unknown placement 'fastest'"):
+        litz.run(app_path("chains"), workers=1, placement="fastest", progress=False)
