@@ -42,7 +42,7 @@ MAX_WRITTEN_KEYS = 1024
 
 class Task:
     __slots__ = ("tid", "eid", "version", "args", "glet", "result", "signalled", "values", "missing", "gen",
-                 "retried", "updates", "live_ok", "wall", "cpu")
+                 "retried", "updates", "live_ok", "wall")
 
     def __init__(self, tid: int, eid: int, version: int, args: Any, gen: int = 0, live_ok: bool = False):
         self.tid, self.eid, self.version, self.args, self.gen = tid, eid, version, args, gen
@@ -54,7 +54,7 @@ class Task:
         self.signalled = False
         self.values: list | None = None
         self.missing = 0
-        self.wall = self.cpu = 0.0  # time this task's greenlet ran (summed over its slices): the worker's speed
+        self.wall = 0.0  # time this task's greenlet ran (summed over its slices): the worker's speed
 
 
 def slow_factor(ident: str) -> float:
@@ -97,6 +97,7 @@ class Worker(Process):
         self.main = greenlet.getcurrent()
         slow = slow_factor(self.ident)
         self.slow = slow / (1.0 - slow)  # seconds slept per second a task runs (the test hook; 0: none)
+        self.cpu_unreported = 0.0  # CPU seconds of run slices since the last DONE (read per slice: a system call)
         self.fetches: dict[int, Fetch] = {}
         self.fetch_by_key: dict[Hashable, Fetch] = {}
         self.out_gets: dict[str, list] = defaultdict(list)
@@ -619,13 +620,14 @@ class Worker(Process):
 
     # -- micro-tasks ---------------------------------------------------------------------------------
     def run_slice(self) -> None:
-        perf, cpu_time = clock.perf_counter, clock.thread_time
+        perf = clock.perf_counter
+        c0 = clock.thread_time()
         deadline = perf() + RUN_SLICE_S
         runnable = self.runnable
         while runnable:
             task = runnable.popleft()
             self.current = task
-            t0, c0 = perf(), cpu_time()
+            t0 = perf()
             if task.glet is None:
                 task.glet = greenlet.greenlet(self._task_body)
                 task.glet.switch(task)
@@ -636,10 +638,10 @@ class Worker(Process):
                 clock.sleep((now - t0) * self.slow)
                 now = perf()
             task.wall += now - t0
-            task.cpu += cpu_time() - c0
             if now > deadline:
                 break
         self.current = None
+        self.cpu_unreported += clock.thread_time() - c0
 
     def _task_body(self, task: Task) -> None:
         eid = task.eid
@@ -825,7 +827,8 @@ class Worker(Process):
         with the executor and task that returned it, as an exception raised in run_task is: never a lost worker."""
         try:
             # how long these tasks ran (the master's measure of this worker's speed), on the message already sent
-            timing = (len(tasks), sum(t.wall for t in tasks), sum(t.cpu for t in tasks))
+            timing = (len(tasks), sum(t.wall for t in tasks), self.cpu_unreported)
+            self.cpu_unreported = 0.0
             self.send("master", (P.DONE, results, written, timing))
         except Exception as exc:
             for (tid, result), task in zip(results, tasks, strict=True):
