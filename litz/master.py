@@ -56,6 +56,7 @@ MAX_FOREIGN_KEYS = 4096  # more keys written elsewhere since a worker's last dis
 # predicted step a rebalance must bring, the least time between two when the speeds stay put (and when they moved
 # past the threshold), and the completions a worker must have reported before its speed counts
 SPEED_CHECK_S = 1.0
+SPEED_WINDOW_S = 0.5  # reports pooled this long before they move the EMA (a CPU quota slows in stalls)
 SPEED_THRESHOLD = 0.1
 REBALANCE_EVERY_S = 10.0
 REBALANCE_MIN_S = 2.0
@@ -135,6 +136,7 @@ class Master(Process):
         self.rebalance_every = REBALANCE_EVERY_S  # the simulator, on simulated time, makes it shorter
         self.rebalance_min = REBALANCE_MIN_S
         self.speed_check_s = SPEED_CHECK_S
+        self.speed_window_s = SPEED_WINDOW_S
         self.app = app
         self.config = config
         self.requested_executors = num_executors
@@ -557,7 +559,7 @@ class Master(Process):
                 timing = msg[3]
                 if len(timing) != 3 or not all(isinstance(x, (int, float)) for x in timing):
                     raise BadMessage("DONE with a timing that is not (tasks, wall s, cpu s)")
-                self.meters.setdefault(sender, SpeedMeter()).add(*timing)
+                self.meters.setdefault(sender, SpeedMeter(window_s=self.speed_window_s)).add(*timing, clock.time())
             self.note_writes(sender, msg[2])  # before the driver dispatches anything behind these completions
             self.on_done(msg[1])
         elif tag == P.STATS:

@@ -113,20 +113,35 @@ def speed_plan(owner: list[str], moving: dict[int, str], active: list[str], spee
 
 
 class SpeedMeter:
-    """A worker's smoothed seconds per task: an EMA (``alpha``) of each report's mean, the mean clipped at
-    ``clip`` times the estimate so one slow task moves it by at most ``alpha * (clip - 1)``."""
+    """A worker's smoothed seconds per task: an EMA (``alpha``) of the mean over each ``window_s`` of reports, the
+    mean clipped at ``clip`` times the estimate so one slow task moves it by at most ``alpha * (clip - 1)``.
 
-    def __init__(self, alpha: float = 0.2, clip: float = 3.0):
-        self.alpha, self.clip = alpha, clip
+    Reports are pooled over a window because a CPU quota slows a process in stalls (25 ms running, then 75 ms
+    frozen in each 100 ms period): one report of short tasks may hold no stall, the next one all of it."""
+
+    def __init__(self, alpha: float = 0.2, clip: float = 3.0, window_s: float = 0.5):
+        self.alpha, self.clip, self.window_s = alpha, clip, window_s
         self.per_task: float | None = None
         self.cpu_per_task = 0.0
         self.tasks = 0
+        self._window: list[float] = [0, 0.0, 0.0]  # tasks, wall, cpu since the window opened
+        self._opened: float | None = None
 
-    def add(self, tasks: int, wall: float, cpu: float) -> None:
-        """A report: ``tasks`` completed, having run ``wall`` seconds (``cpu`` of them on a CPU) in all."""
+    def add(self, tasks: int, wall: float, cpu: float, now: float = 0.0) -> None:
+        """A report at time ``now``: ``tasks`` completed, having run ``wall`` seconds (``cpu`` on a CPU) in all."""
         if tasks <= 0 or wall <= 0:
             return
-        mean, cpu_mean = wall / tasks, max(cpu, 0.0) / tasks
+        win = self._window
+        win[0] += tasks
+        win[1] += wall
+        win[2] += max(cpu, 0.0)
+        if self._opened is None:
+            self._opened = now
+        if now - self._opened < self.window_s:
+            return
+        tasks, wall, cpu = win
+        self._window, self._opened = [0, 0.0, 0.0], None
+        mean, cpu_mean = wall / tasks, cpu / tasks
         self.tasks += tasks
         if self.per_task is None:
             self.per_task, self.cpu_per_task = mean, cpu_mean

@@ -95,7 +95,7 @@ def test_quotas_add_up_and_a_process_without_weight_counts_at_the_mean():
 
 
 def test_speed_meter_is_an_ema_robust_to_one_slow_task():
-    m = SpeedMeter(alpha=0.2)
+    m = SpeedMeter(alpha=0.2, window_s=0.0)  # every report folds into the EMA
     assert m.speed is None
     m.add(10, 1.0, 0.9)  # 0.1 s a task
     assert abs(m.speed - 10.0) < 1e-9
@@ -106,3 +106,17 @@ def test_speed_meter_is_an_ema_robust_to_one_slow_task():
     assert abs(m.per_task - 0.4) < 0.01 and abs(m.speed - 2.5) < 0.1
     m.add(0, 0.0, 0.0)  # an empty report changes nothing
     assert abs(m.speed - 2.5) < 0.1
+
+
+def test_speed_meter_pools_reports_over_a_window_so_quota_stalls_count_in_full():
+    """A 25 % CPU quota: 25 ms running, 75 ms frozen per 100 ms. Tasks of 1 ms, reported five at a time: one report
+    in five holds the stall. Per report, the clip would throw most of the stall away; pooled over 0.5 s it counts."""
+    pooled, per_report = SpeedMeter(window_s=0.5), SpeedMeter(window_s=0.0)
+    t = 0.0
+    for i in range(500):  # 10 s
+        wall = 5 * 0.001 + (0.075 if i % 5 == 4 else 0.0)
+        t += wall
+        for m in (pooled, per_report):
+            m.add(5, wall, 5 * 0.001, t)
+    assert abs(pooled.per_task - 0.004) < 0.0004  # 4x the 1 ms of a task: the worker runs at a quarter
+    assert per_report.per_task < 0.8 * pooled.per_task  # what clipping each report alone would have made of it

@@ -174,6 +174,7 @@ class Schedule:
         from ..placement import SpeedMeter
 
         master.speed_check_s, master.rebalance_min, master.rebalance_every = 0.01, 0.02, 0.1
+        master.speed_window_s = 0.0
         rng = random.Random(f"litz.sim speeds {self.seed}")
         base: dict[str, float] = {}
         world = self.world
@@ -185,7 +186,7 @@ class Schedule:
                 if w not in base or rng.random() < 0.05:
                     base[w] = rng.choice([0.01, 0.01, 0.02, 0.04])
                 per_task = base[w] * rng.uniform(0.9, 1.1)
-                master.meters.setdefault(w, SpeedMeter()).add(4, 4 * per_task, 4 * per_task)
+                master.meters.setdefault(w, SpeedMeter(window_s=0.0)).add(4, 4 * per_task, 4 * per_task, world.now)
             world.at(world.now + 0.01, step)
 
         world.at(world.now + 0.01, step)
