@@ -559,7 +559,10 @@ class Master(Process):
                 timing = msg[3]
                 if len(timing) != 3 or not all(isinstance(x, (int, float)) for x in timing):
                     raise BadMessage("DONE with a timing that is not (tasks, wall s, cpu s)")
-                self.meters.setdefault(sender, SpeedMeter(window_s=self.speed_window_s)).add(*timing, clock.time())
+                meter = self.meters.get(sender)
+                if meter is None:
+                    meter = self.meters[sender] = SpeedMeter(window_s=self.speed_window_s, warmup=1)
+                meter.add(*timing, clock.time())
             self.note_writes(sender, msg[2])  # before the driver dispatches anything behind these completions
             self.on_done(msg[1])
         elif tag == P.STATS:

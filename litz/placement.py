@@ -117,10 +117,11 @@ class SpeedMeter:
     mean clipped at ``clip`` times the estimate so one slow task moves it by at most ``alpha * (clip - 1)``.
 
     Reports are pooled over a window because a CPU quota slows a process in stalls (25 ms running, then 75 ms
-    frozen in each 100 ms period): one report of short tasks may hold no stall, the next one all of it."""
+    frozen in each 100 ms period): one report of short tasks may hold no stall, the next one all of it.
+    The first ``warmup`` windows are dropped (a worker's first reports also hold loading its input)."""
 
-    def __init__(self, alpha: float = 0.2, clip: float = 3.0, window_s: float = 0.5):
-        self.alpha, self.clip, self.window_s = alpha, clip, window_s
+    def __init__(self, alpha: float = 0.2, clip: float = 3.0, window_s: float = 0.5, warmup: int = 0):
+        self.alpha, self.clip, self.window_s, self.warmup = alpha, clip, window_s, warmup
         self.per_task: float | None = None
         self.cpu_per_task = 0.0
         self.tasks = 0
@@ -141,6 +142,9 @@ class SpeedMeter:
             return
         tasks, wall, cpu = win
         self._window, self._opened = [0, 0.0, 0.0], None
+        if self.warmup > 0:
+            self.warmup -= 1
+            return
         mean, cpu_mean = wall / tasks, cpu / tasks
         self.tasks += tasks
         if self.per_task is None:

@@ -42,7 +42,7 @@ MAX_WRITTEN_KEYS = 1024
 
 class Task:
     __slots__ = ("tid", "eid", "version", "args", "glet", "result", "signalled", "values", "missing", "gen",
-                 "retried", "updates", "live_ok", "wall")
+                 "retried", "updates", "live_ok")
 
     def __init__(self, tid: int, eid: int, version: int, args: Any, gen: int = 0, live_ok: bool = False):
         self.tid, self.eid, self.version, self.args, self.gen = tid, eid, version, args, gen
@@ -54,7 +54,6 @@ class Task:
         self.signalled = False
         self.values: list | None = None
         self.missing = 0
-        self.wall = 0.0  # time this task's greenlet ran (summed over its slices): the worker's speed
 
 
 def slow_factor(ident: str) -> float:
@@ -97,7 +96,12 @@ class Worker(Process):
         self.main = greenlet.getcurrent()
         slow = slow_factor(self.ident)
         self.slow = slow / (1.0 - slow)  # seconds slept per second a task runs (the test hook; 0: none)
-        self.cpu_unreported = 0.0  # CPU seconds of run slices since the last DONE (read per slice: a system call)
+        # the worker's speed, reported with each DONE: seconds it held unfinished tasks (running them, or waiting
+        # for their values or their flush) and CPU seconds since the previous DONE. Holding, not running: a CPU
+        # quota's stalls land anywhere, also in the wake-up from a wait for a message, which running time misses
+        self.busy = 0.0
+        self._busy_mark = clock.perf_counter()
+        self._cpu_mark = clock.thread_time()
         self.fetches: dict[int, Fetch] = {}
         self.fetch_by_key: dict[Hashable, Fetch] = {}
         self.out_gets: dict[str, list] = defaultdict(list)
@@ -140,7 +144,14 @@ class Worker(Process):
         self.await_welcome(start_timeout)
         last_check = clock.time()
         while self.running:
-            if self.wait_for_messages(0 if self.runnable else 100):
+            idle = not self.runnable and not self.holds_tasks()
+            if idle:  # busy until now; the wait below is not
+                now = clock.perf_counter()
+                self.busy += now - self._busy_mark
+            got = self.wait_for_messages(0 if self.runnable else 100)
+            if idle:
+                self._busy_mark = clock.perf_counter()
+            if got:
                 for sender, msg in self.receive():
                     self.handle_message(sender, msg)
                     if not self.running:
@@ -171,6 +182,10 @@ class Worker(Process):
                 if not self.job_goes_on():
                     return
                 self.send("master", (P.STATS, self.stats()))
+
+    def holds_tasks(self) -> bool:
+        """Tasks here not yet reported done: queued, running, waiting for values, or in a flush."""
+        return bool(self.completed or self.flushing or any(self.pending.values()))
 
     def handle(self, sender: str, msg: tuple) -> None:
         tag = msg[0]
@@ -621,7 +636,6 @@ class Worker(Process):
     # -- micro-tasks ---------------------------------------------------------------------------------
     def run_slice(self) -> None:
         perf = clock.perf_counter
-        c0 = clock.thread_time()
         deadline = perf() + RUN_SLICE_S
         runnable = self.runnable
         while runnable:
@@ -637,11 +651,9 @@ class Worker(Process):
             if self.slow:
                 clock.sleep((now - t0) * self.slow)
                 now = perf()
-            task.wall += now - t0
             if now > deadline:
                 break
         self.current = None
-        self.cpu_unreported += clock.thread_time() - c0
 
     def _task_body(self, task: Task) -> None:
         eid = task.eid
@@ -827,8 +839,9 @@ class Worker(Process):
         with the executor and task that returned it, as an exception raised in run_task is: never a lost worker."""
         try:
             # how long these tasks ran (the master's measure of this worker's speed), on the message already sent
-            timing = (len(tasks), sum(t.wall for t in tasks), self.cpu_unreported)
-            self.cpu_unreported = 0.0
+            now, cpu = clock.perf_counter(), clock.thread_time()
+            timing = (len(tasks), self.busy + now - self._busy_mark, cpu - self._cpu_mark)
+            self.busy, self._busy_mark, self._cpu_mark = 0.0, now, cpu
             self.send("master", (P.DONE, results, written, timing))
         except Exception as exc:
             for (tid, result), task in zip(results, tasks, strict=True):

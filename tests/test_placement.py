@@ -120,3 +120,11 @@ def test_speed_meter_pools_reports_over_a_window_so_quota_stalls_count_in_full()
             m.add(5, wall, 5 * 0.001, t)
     assert abs(pooled.per_task - 0.004) < 0.0004  # 4x the 1 ms of a task: the worker runs at a quarter
     assert per_report.per_task < 0.8 * pooled.per_task  # what clipping each report alone would have made of it
+
+
+def test_speed_meter_drops_its_warmup_windows():
+    m = SpeedMeter(window_s=0.0, warmup=1)
+    m.add(1, 5.0, 5.0)  # the first report also holds loading the input
+    assert m.speed is None
+    m.add(10, 1.0, 1.0)
+    assert abs(m.speed - 10.0) < 1e-9
