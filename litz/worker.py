@@ -67,6 +67,26 @@ def slow_factor(ident: str) -> float:
     return 0.0
 
 
+def open_schedstat() -> int | None:
+    """A descriptor of this thread's ``/proc/thread-self/schedstat`` (CPU time, then time spent runnable but not
+    running, in ns), or None where there is none or time is simulated (``litz.sim``: it must not read real time)."""
+    if clock.perf_counter is not clock._real.perf_counter:
+        return None
+    try:
+        fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        wanted(fd)
+        return fd
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def wanted(fd: int) -> float:
+    """Seconds this thread ran or wanted to run: CPU time plus run delay, which holds a CPU quota's throttled time
+    and a busy neighbour's turns (the cost of a task on this machine now, whatever the task did meanwhile)."""
+    fields = os.pread(fd, 128, 0).split()
+    return (int(fields[0]) + int(fields[1])) / 1e9
+
+
 class Fetch:
     __slots__ = ("key", "version", "waiters", "server", "ticket")
 
@@ -102,6 +122,10 @@ class Worker(Process):
         self.busy = 0.0
         self._busy_mark = clock.perf_counter()
         self._cpu_mark = clock.thread_time()
+        # where Linux tells it: CPU time plus run delay instead (see :func:`wanted`), and the hook's sleeps
+        self._schedstat = open_schedstat()
+        self._wanted_mark = wanted(self._schedstat) if self._schedstat is not None else 0.0
+        self.slept = 0.0
         self.fetches: dict[int, Fetch] = {}
         self.fetch_by_key: dict[Hashable, Fetch] = {}
         self.out_gets: dict[str, list] = defaultdict(list)
@@ -627,6 +651,9 @@ class Worker(Process):
 
     def close(self) -> None:
         self.residency.close()  # spill files go with the worker
+        if self._schedstat is not None:
+            os.close(self._schedstat)
+            self._schedstat = None
         super().close()
 
     def can_retire(self) -> bool:
@@ -650,6 +677,7 @@ class Worker(Process):
             now = perf()
             if self.slow:
                 clock.sleep((now - t0) * self.slow)
+                self.slept += perf() - now
                 now = perf()
             if now > deadline:
                 break
@@ -840,8 +868,12 @@ class Worker(Process):
         try:
             # how long these tasks ran (the master's measure of this worker's speed), on the message already sent
             now, cpu = clock.perf_counter(), clock.thread_time()
-            timing = (len(tasks), self.busy + now - self._busy_mark, cpu - self._cpu_mark)
-            self.busy, self._busy_mark, self._cpu_mark = 0.0, now, cpu
+            spent = self.busy + now - self._busy_mark
+            if self._schedstat is not None:
+                w = wanted(self._schedstat)
+                spent, self._wanted_mark = w - self._wanted_mark + self.slept, w
+            timing = (len(tasks), spent, cpu - self._cpu_mark)
+            self.busy, self._busy_mark, self._cpu_mark, self.slept = 0.0, now, cpu, 0.0
             self.send("master", (P.DONE, results, written, timing))
         except Exception as exc:
             for (tid, result), task in zip(results, tasks, strict=True):
