@@ -9,9 +9,10 @@ and the unthrottled epoch comes from a third job (even, no straggler).
 
 Epoch times are the gaps between consecutive per-epoch ``report()`` timestamps in the ``--metrics`` stream. The
 unthrottled epoch is the median over epochs 2..throttle; the steady throttled epoch the median over the last
-half of the epochs after the throttle. The ideal for the capacity left is the unthrottled epoch x 2 / 1.25
-(one full worker and a quarter of one). Reaction time: from the throttle to the end of the first ``rebalance``
-event. The machine is shared (2 cores, other jobs running): numbers are comparable only within one run.
+half of the epochs after the throttle. The ideal for the capacity left is the unthrottled epoch (the smaller of
+the two jobs' medians: the machine is shared) x 2 / 1.25 (one full worker and a quarter of one). Reaction time:
+from the throttle to the end of the first ``rebalance`` event. The machine is shared (2 cores, other jobs
+running): numbers are comparable only within one run.
 Target (from the issue): speed's steady epoch within 1.15x of ideal.
 """
 from __future__ import annotations
@@ -132,7 +133,9 @@ def main() -> int:
             base = run("even", tmp, config, 0, False)
             unthrottled = base["steady_epoch_s"]
         else:
-            unthrottled = statistics.median(r["unthrottled_epoch_s"] for r in runs.values())
+            # the less disturbed of the two full-speed phases: the machine is shared, and another job's load only
+            # ever slows an epoch down (one run measured 0.36 s, the other 0.51 s, with the same placement)
+            unthrottled = min(r["unthrottled_epoch_s"] for r in runs.values())
     ideal = unthrottled * 2 / (1 + QUOTA)
     speed, even = runs["speed"]["steady_epoch_s"], runs["even"]["steady_epoch_s"]
     met = speed <= 1.15 * ideal

@@ -998,7 +998,8 @@ class Master(Process):
         return ex_moves, shard_moves
 
     def speeds(self) -> dict[str, float]:
-        """Measured speed (tasks per second of running time) of each worker that has reported enough tasks."""
+        """Measured speed (tasks per second of the worker's time: CPU plus waiting for a CPU) of each worker that has
+        reported enough tasks."""
         return {w: m.speed for w, m in self.meters.items() if m.tasks >= SPEED_MIN_TASKS and m.speed}
 
     def rebalance_for_speed(self) -> None:
