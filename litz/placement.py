@@ -34,6 +34,11 @@ def quotas(n: int, ranked: list[str], weights: dict[str, float] | None = None) -
     order = sorted(range(len(ranked)), key=lambda i: (-(ideal[ranked[i]] - quota[ranked[i]]), i))
     for i in order[:rest]:
         quota[ranked[i]] += 1
+    if n >= len(ranked):  # every process keeps one: a worker with no executor is never measured again
+        for p in ranked:
+            if quota[p] == 0:
+                quota[max(ranked, key=lambda q: quota[q])] -= 1
+                quota[p] = 1
     return quota
 
 

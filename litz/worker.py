@@ -56,15 +56,37 @@ class Task:
         self.missing = 0
 
 
-def slow_factor(ident: str) -> float:
-    """LITZ_TEST_SLOW_WORKER=w1:0.75 (tests and benchmarks only): worker w1 then sleeps after each slice of a
-    task so that it runs at 25 % of its speed, as a CPU quota would make it; 0 for every other worker."""
-    spec = os.environ.get("LITZ_TEST_SLOW_WORKER", "")
-    for item in spec.split(","):
-        who, _, frac = item.partition(":")
-        if who == ident and frac:
-            return min(max(float(frac), 0.0), 0.95)
-    return 0.0
+class SlowHook:
+    """``LITZ_TEST_SLOW_WORKER=w1:0.75`` (tests and benchmarks only): worker w1 sleeps after each slice of a task
+    so that it runs at 25 % of its speed, as a CPU quota would make it. ``w1:/some/file``: the fraction is read
+    from that file (at most every 0.2 s; no file: full speed), so a test can slow a worker down and release it."""
+
+    def __init__(self, ident: str):
+        self.active, self.path, self.ratio, self._read_at = False, None, 0.0, float("-inf")
+        for item in os.environ.get("LITZ_TEST_SLOW_WORKER", "").split(","):
+            who, _, frac = item.partition(":")
+            if who == ident and frac:
+                self.active = True
+                try:
+                    self.ratio = self._ratio(float(frac))
+                except ValueError:
+                    self.path = frac
+
+    @staticmethod
+    def _ratio(frac: float) -> float:
+        frac = min(max(frac, 0.0), 0.95)
+        return frac / (1.0 - frac)  # seconds slept per second a task runs
+
+    def sleep_for(self, ran: float, now: float) -> float:
+        """Seconds to sleep after a task ran ``ran`` seconds."""
+        if self.path is not None and now - self._read_at > 0.2:
+            self._read_at = now
+            try:
+                with open(self.path) as f:
+                    self.ratio = self._ratio(float(f.read().strip() or 0))
+            except (OSError, ValueError):
+                self.ratio = 0.0
+        return ran * self.ratio
 
 
 def open_schedstat() -> int | None:
@@ -114,18 +136,18 @@ class Worker(Process):
         self.current: Task | None = None
         self.speaker: int | None = None  # the executor whose code runs outside a task (load_input): named in prints
         self.main = greenlet.getcurrent()
-        slow = slow_factor(self.ident)
-        self.slow = slow / (1.0 - slow)  # seconds slept per second a task runs (the test hook; 0: none)
+        self.slow = SlowHook(self.ident)
         # the worker's speed, reported with each DONE: seconds it held unfinished tasks (running them, or waiting
         # for their values or their flush) and CPU seconds since the previous DONE. Holding, not running: a CPU
         # quota's stalls land anywhere, also in the wake-up from a wait for a message, which running time misses
         self.busy = 0.0
         self._busy_mark = clock.perf_counter()
         self._cpu_mark = clock.thread_time()
-        # where Linux tells it: CPU time plus run delay instead (see :func:`wanted`), and the hook's sleeps
+        # where Linux tells it: CPU time plus run delay instead (see :func:`wanted`), plus the time tasks blocked
         self._schedstat = open_schedstat()
         self._wanted_mark = wanted(self._schedstat) if self._schedstat is not None else 0.0
-        self.slept = 0.0
+        self.blocked = 0.0  # where it is CPU + run delay: time tasks blocked inside run slices costs too
+        self._slice_wanted = 0.0
         self.fetches: dict[int, Fetch] = {}
         self.fetch_by_key: dict[Hashable, Fetch] = {}
         self.out_gets: dict[str, list] = defaultdict(list)
@@ -663,7 +685,10 @@ class Worker(Process):
     # -- micro-tasks ---------------------------------------------------------------------------------
     def run_slice(self) -> None:
         perf = clock.perf_counter
-        deadline = perf() + RUN_SLICE_S
+        start = perf()
+        if self._schedstat is not None:
+            self._slice_wanted = wanted(self._schedstat)
+        deadline = start + RUN_SLICE_S
         runnable = self.runnable
         while runnable:
             task = runnable.popleft()
@@ -675,13 +700,14 @@ class Worker(Process):
             else:
                 task.glet.switch()
             now = perf()
-            if self.slow:
-                clock.sleep((now - t0) * self.slow)
-                self.slept += perf() - now
+            if self.slow.active:
+                clock.sleep(self.slow.sleep_for(now - t0, now))
                 now = perf()
             if now > deadline:
                 break
         self.current = None
+        if self._schedstat is not None:  # time tasks blocked (sleep, I/O, the test hook): no CPU, no run delay
+            self.blocked += max(0.0, (perf() - start) - (wanted(self._schedstat) - self._slice_wanted))
 
     def _task_body(self, task: Task) -> None:
         eid = task.eid
@@ -871,9 +897,9 @@ class Worker(Process):
             spent = self.busy + now - self._busy_mark
             if self._schedstat is not None:
                 w = wanted(self._schedstat)
-                spent, self._wanted_mark = w - self._wanted_mark + self.slept, w
+                spent, self._wanted_mark = w - self._wanted_mark + self.blocked, w
             timing = (len(tasks), spent, cpu - self._cpu_mark)
-            self.busy, self._busy_mark, self._cpu_mark, self.slept = 0.0, now, cpu, 0.0
+            self.busy, self._busy_mark, self._cpu_mark, self.blocked = 0.0, now, cpu, 0.0
             self.send("master", (P.DONE, results, written, timing))
         except Exception as exc:
             for (tid, result), task in zip(results, tasks, strict=True):

@@ -128,3 +128,10 @@ def test_speed_meter_drops_its_warmup_windows():
     assert m.speed is None
     m.add(10, 1.0, 1.0)
     assert abs(m.speed - 10.0) < 1e-9
+
+
+def test_every_worker_keeps_an_executor_so_it_is_still_measured():
+    owner = ["w0"] * 8 + ["w1"] * 8
+    after = apply(owner, speed_plan(owner, {}, ["w0", "w1"], {"w0": 100.0, "w1": 1.0}))
+    assert after.count("w1") == 1 and after.count("w0") == 15
+    assert quotas(3, ["a", "b", "c"], {"a": 100.0, "b": 1.0, "c": 1.0}) == {"a": 1, "b": 1, "c": 1}

@@ -1,7 +1,8 @@
 """Placement ``speed`` end to end: a worker slowed by the test hook (LITZ_TEST_SLOW_WORKER: it sleeps three times
-as long as each slice of a task ran, as a 25 % CPU quota would make it) loses executors while the job runs, the
-speeds show in litzctl status, each rebalance is a job event with the speeds and bytes, and the result stays exact
-(the chains app: causal chains across executors, exact totals, executor state that must move with them)."""
+as long as each slice of a task ran, as a 25 % CPU quota would make it) loses executors while the job runs and
+gets them back once released, the speeds show in litzctl status, each rebalance is a job event with the speeds and
+bytes, and the result stays exact (the chains app: causal chains across executors, exact totals, executor state
+that must move with them)."""
 import json
 import os
 
@@ -11,6 +12,7 @@ from tests.helpers import Processes, app_path, run_cli, status, wait_for
 from tests.test_elasticity import CHAINS, check_result
 
 STEPS = 200
+LONG = 600  # the job that is released too: it must outlast both moves, even on a loaded machine
 
 
 @pytest.mark.timeout(180)
@@ -63,3 +65,33 @@ def test_even_placement_is_the_default_and_an_unknown_one_is_refused(tmp_path):
 
     with pytest.raises(LitzError, match="unknown placement 'fastest'"):
         litz.run(app_path("chains"), workers=1, placement="fastest", progress=False)
+
+
+@pytest.mark.timeout(240)
+def test_a_released_worker_gets_its_executors_back(tmp_path):
+    name, out, slow = "straggler-back", tmp_path / "out.json", tmp_path / "slow"
+    slow.write_text("0.75")
+    env = {**os.environ, "LITZ_TEST_SLOW_WORKER": f"w1:{slow}"}
+    with Processes() as procs:
+        job = procs.start(["litz", "run", app_path("chains"), "--name", name, "--executors", "16", "--placement",
+                           "speed", "--config", f"chains={CHAINS}", f"steps={LONG}", "sleep=0.004",
+                           "--output", str(out), "--no-progress"], env=env)
+
+        def w1_holds(ok):
+            st = status(name)
+            if not st or st["state"] != "running" or st["moving"]["executors"]:
+                return None
+            held = {w["id"]: len(w["executors"]) for w in st["workers"]}
+            return st if set(held) == {"w0", "w1"} and ok(held["w1"]) else None
+
+        wait_for(lambda: w1_holds(lambda n: n <= 5), 60, "w1 (slowed) down to 5 or fewer of 16 executors")
+        slow.write_text("0")  # released: as fast as w0 again
+        st = wait_for(lambda: w1_holds(lambda n: n >= 7), 60, "w1 (released) back to 7 or more of 16 executors")
+        speeds = {w["id"]: w["speed"] for w in st["workers"]}
+        assert speeds["w1"] > 0.6 * speeds["w0"], speeds
+        _, err = job.communicate(timeout=200)
+        assert job.returncode == 0, err
+    doc = json.loads(out.read_text())
+    check_result(doc["result"], LONG)
+    moved = [e for e in doc["events"] if e["kind"] == "rebalance"]
+    assert len(moved) >= 2 and moved[-1]["speeds"]["w1"] > 0.6 * moved[-1]["speeds"]["w0"], moved
