@@ -891,34 +891,42 @@ class Worker(Process):
     def send_done(self, results: list, written: Any, tasks: list[Task]) -> None:
         """Send completed tasks' results to the master. A result that cannot be pickled is the app's error, told
         with the executor and task that returned it, as an exception raised in run_task is: never a lost worker."""
+        # what these tasks cost (the master's measure of this worker's speed), on the message it sends anyway
+        now, cpu = clock.perf_counter(), clock.thread_time()
+        spent = self.busy + now - self._busy_mark
+        if self._schedstat is not None:
+            w = wanted(self._schedstat)
+            spent, self._wanted_mark = w - self._wanted_mark + self.blocked, w
+        timing = (len(tasks), spent, cpu - self._cpu_mark)
+        self.busy, self._busy_mark, self._cpu_mark, self.blocked = 0.0, now, cpu, 0.0
         try:
-            # how long these tasks ran (the master's measure of this worker's speed), on the message already sent
-            now, cpu = clock.perf_counter(), clock.thread_time()
-            spent = self.busy + now - self._busy_mark
-            if self._schedstat is not None:
-                w = wanted(self._schedstat)
-                spent, self._wanted_mark = w - self._wanted_mark + self.blocked, w
-            timing = (len(tasks), spent, cpu - self._cpu_mark)
-            self.busy, self._busy_mark, self._cpu_mark, self.blocked = 0.0, now, cpu, 0.0
             self.send("master", (P.DONE, results, written, timing))
+            return
         except Exception as exc:
+            failure = exc
+        # An instance of a class the app defines, on a worker that got the app by value (a fresh interpreter,
+        # another machine): plain pickle finds another class of that name, or none. cloudpickle sends it by
+        # value, and the master, which loaded the app, unpickles it as its own class (cloudpickle's tracking id).
+        try:
+            self.send("master", (P.DONE, results, written, timing), pickler=cloudpickle)
+        except Exception:
             for (tid, result), task in zip(results, tasks, strict=True):
                 what = "the result given to signal_task_completion" if task.signalled else "run_task's return value"
-                bad = unsendable([(result, "result")])
+                bad = unsendable([(result, "result")], cloudpickle)
                 if bad is not None:
                     self.fail(f"executor {task.eid} run_task (task {tid})",
-                              f"TypeError: {what} cannot be sent to the driver: {bad} ({exc}); results are "
+                              f"TypeError: {what} cannot be sent to the driver: {bad} ({failure}); results are "
                               "numbers, strings, numpy arrays, and lists, tuples and dicts of them")
                     return
             raise
 
 
-def unsendable(values: list[tuple[Any, str]]) -> str | None:
-    """The first of ``values`` (value, name) that pickle cannot send, said as 'NAME is a TYPE' (the part of a list,
-    tuple or dict that fails, if one does alone); None if every one pickles."""
+def unsendable(values: list[tuple[Any, str]], pickler: Any = pickle) -> str | None:
+    """The first of ``values`` (value, name) that ``pickler`` cannot send, said as 'NAME is a TYPE' (the part of a
+    list, tuple or dict that fails, if one does alone); None if every one pickles."""
     def fails(value: Any) -> bool:
         try:
-            pickle.dumps(value, protocol=5, buffer_callback=lambda _: False)
+            pickler.dumps(value, protocol=5, buffer_callback=lambda _: False)
             return False
         except Exception:
             return True

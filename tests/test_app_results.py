@@ -46,3 +46,15 @@ def test_a_ps_update_key_that_cannot_be_pickled_is_an_application_error(tmp_path
     res = run_app(app, "j-enum")
     assert_clean_failure(res, "application error in ps_update: TypeError: ps_update key <Key.A: 1> is a "
                          "litz_app_enumkey.Key, which cannot be sent to the parameter servers", "j-enum", 1)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("spawn", ["fork", "exec"])
+def test_a_result_of_a_class_the_app_defines_reaches_the_driver_as_that_class(monkeypatch, spawn):
+    """A fresh interpreter gets the app by value: plain pickle finds no class of that name there (or another one,
+    when the app is also importable), so such a result failed the job; the driver gets the app's own class."""
+    import litz
+    from tests.helpers import app_path
+
+    monkeypatch.setenv("LITZ_SPAWN", spawn)
+    assert litz.run(app_path("appclass_result"), workers=2, servers=1, executors=3) == [2, 4, 6]
