@@ -16,7 +16,9 @@ import numpy as np
 # The messages' version. A worker or server says it first in its HELLO; the master refuses one of another version
 # with REFUSED. HELLO's version field and REFUSED keep their place and layout in every version, so that any two
 # versions understand the refusal.
-VERSION = 1
+# 2: the executor class travels with the app's search paths; DONE carries the worker's timing; the master reads
+# parameters for the driver.
+VERSION = 2
 
 HELLO = "hello"        # worker/server -> master: (HELLO, VERSION, role, info: address, a worker's app_tokens)
 REFUSED = "refused"    # master -> worker/server: (REFUSED, why) its HELLO was refused; it exits with that line
