@@ -14,6 +14,8 @@ import tempfile
 import numpy as np
 
 from litz.appconfig import ConfigError
+from litz.errors import LitzError
+from litz.joblog import make_parent
 
 
 def model_path(path: str | None) -> str | None:
@@ -24,13 +26,10 @@ def model_path(path: str | None) -> str | None:
     path = os.path.abspath(os.path.expanduser(path))
     if os.path.isdir(path):
         raise ConfigError(f"config 'output': {path} is a directory, expected a file name for the model (.npz)")
-    parent = os.path.dirname(path)
     try:
-        os.makedirs(parent, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"config 'output': cannot create directory {parent} ({e.strerror or e})") from None
-    if not os.access(parent, os.W_OK):
-        raise ConfigError(f"config 'output': directory {parent} is not writable")
+        make_parent(path, "config 'output'")  # the same directory rule as --output and --metrics
+    except LitzError as exc:
+        raise ConfigError(str(exc)) from None
     return path
 
 

@@ -105,3 +105,19 @@ def test_an_output_directory_that_cannot_be_made_fails_before_the_job(tmp_path):
     assert code == 2 and out == "", err
     assert err.splitlines() == [f"litz: error: --output {blocker}/r.json: cannot create the directory {blocker} "
                                 "(File exists)"], err
+
+
+def test_a_model_path_that_cannot_be_written_is_one_config_error(tmp_path):
+    """`--config output=` follows the rule of --output and --metrics (joblog.make_parent): the directory is made at
+    the start, and a path that cannot be written is one error naming the key, before any training."""
+    from apps.modelfile import model_path
+    from litz.appconfig import ConfigError
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match=r"^config 'output' .*: cannot create the directory .*a-file/sub"):
+        model_path(str(blocker / "sub" / "m.npz"))
+    with pytest.raises(ConfigError, match="is a directory"):
+        model_path(str(tmp_path))
+    assert model_path(str(tmp_path / "new" / "m.npz")) == str(tmp_path / "new" / "m.npz")
+    assert (tmp_path / "new").is_dir()
