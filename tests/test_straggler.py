@@ -95,3 +95,38 @@ def test_a_released_worker_gets_its_executors_back(tmp_path):
     check_result(doc["result"], LONG)
     moved = [e for e in doc["events"] if e["kind"] == "rebalance"]
     assert len(moved) >= 2 and moved[-1]["speeds"]["w1"] > 0.6 * moved[-1]["speeds"]["w0"], moved
+
+
+class FixedOnFirstOffer:
+    """A policy of the test's own, passed to litz.run as an object: even until the master first offers it speeds,
+    then 3 : 1 for w0 : w1 whatever was measured."""
+
+    name, uses_speeds = "fixed", True
+
+    def __init__(self):
+        self.adopted, self.offered = None, []
+
+    def weights(self):
+        return self.adopted
+
+    def offer(self, owner, workers, speeds, now):
+        self.offered.append(tuple(owner))
+        if self.adopted is None and workers == ["w0", "w1"]:
+            self.adopted = {"w0": 3.0, "w1": 1.0}
+            return True
+        return False
+
+
+@pytest.mark.timeout(120)
+def test_a_policy_object_given_to_litz_run_is_the_one_the_master_follows(tmp_path):
+    import litz
+
+    policy, out = FixedOnFirstOffer(), tmp_path / "out.json"
+    result = litz.run(app_path("chains"), workers=2, executors=16, placement=policy, output=str(out),
+                      config={"chains": CHAINS, "steps": STEPS, "sleep": 0.004}, progress=False)
+    check_result(result, STEPS)
+    assert sorted(policy.offered[0].count(w) for w in ("w0", "w1")) == [8, 8]  # first placement: even
+    assert any(o.count("w0") == 12 and o.count("w1") == 4 for o in policy.offered[1:]), policy.offered
+    doc = json.loads(out.read_text())
+    [rebalance] = [e for e in doc["events"] if e["kind"] == "rebalance"]
+    assert rebalance["speeds"] == {"w0": 3.0, "w1": 1.0} and rebalance["executors_moved"] == 4
