@@ -57,6 +57,43 @@ def test_a_slow_worker_loses_executors_and_the_result_stays_exact(tmp_path):
     assert len(rebalances) <= 2, rebalances
 
 
+@pytest.mark.timeout(180)
+def test_cluster_mode_speed_placement_moves_executors_off_a_slow_worker(etcd, tmp_path):
+    """The same through cluster mode: real etcd, `litz master --placement speed` and the roles started apart, the
+    slow worker named by its --id (the hook matches the worker's id in the job)."""
+    from tests.test_cluster import role
+
+    e, name, out = etcd.endpoint, "cluster-straggler", tmp_path / "out.json"
+    with Processes() as procs:
+        procs.start(role("server", e, name))
+        procs.start(role("worker", e, name, "--id", "fast"))
+        procs.start(role("worker", e, name, "--id", "slow"), env={**os.environ, "LITZ_TEST_SLOW_WORKER": "slow:0.75"})
+        master = procs.start(["litz", "master", app_path("chains"), "--etcd", e, "--name", name, "--min-workers", "2",
+                              "--executors", "16", "--placement", "speed", "--config", f"chains={CHAINS}",
+                              f"steps={STEPS}", "sleep=0.004", "--output", str(out), "--no-progress"])
+
+        def shifted():
+            st = status(name, e)
+            if not st or st["state"] != "running" or st["moving"]["executors"]:
+                return None
+            held = {w["id"]: len(w["executors"]) for w in st["workers"]}
+            return st if set(held) == {"fast", "slow"} and held["slow"] <= 5 else None
+
+        st = wait_for(shifted, 90, "the slow worker down to 5 or fewer of 16 executors")
+        assert st["placement"] == "speed"
+        speeds = {w["id"]: w["speed"] for w in st["workers"]}
+        assert speeds["fast"] > 2.5 * speeds["slow"], speeds
+        assert sum(len(w["executors"]) for w in st["workers"]) == 16
+        stdout, stderr = master.communicate(timeout=150)
+        assert master.returncode == 0, stderr
+    check_result(json.loads(stdout), STEPS)
+    rebalances = [ev for ev in json.loads(out.read_text())["events"] if ev["kind"] == "rebalance"]
+    assert rebalances, json.loads(out.read_text())["events"]
+    first = rebalances[0]
+    assert first["executors_moved"] >= 3 and first["bytes"] > 0
+    assert first["speeds"]["fast"] > 2.5 * first["speeds"]["slow"], first
+
+
 def test_even_placement_is_the_default_and_an_unknown_one_is_refused(tmp_path):
     res = run_cli(["litz", "run", app_path("chains"), "--placement", "fastest", "--no-progress"])
     assert res.returncode != 0 and "invalid choice: 'fastest'" in res.stderr
