@@ -281,3 +281,47 @@ def test_speed_placement_after_a_full_recovery_keeps_the_survivors_adopted_weigh
     p.place(["w0", "w1", "w3"], ["s0"], 12, 4)
     assert blocks(p.executor_owner) == [("w0", 5), ("w1", 3), ("w3", 4)]
     assert p.plan(["w0", "w1", "w3"], ["s0"]) == ([], [])  # and the next plan moves nothing back
+
+
+# -- what the worker reports on DONE (litz.worker.SpeedMeasure), on clocks the test moves ------------------------
+def fake_clocks(monkeypatch) -> dict:
+    from litz import clock
+
+    t = {"wall": 100.0, "cpu": 5.0, "wanted": 7.0}
+    monkeypatch.setattr(clock, "perf_counter", lambda: t["wall"])
+    monkeypatch.setattr(clock, "thread_time", lambda: t["cpu"])
+    return t
+
+
+def test_the_worker_counts_the_time_it_held_tasks_not_its_waits(monkeypatch):
+    from litz.worker import SpeedMeasure
+
+    t = fake_clocks(monkeypatch)
+    m = SpeedMeasure(schedstat=False)  # where /proc tells no run delay: wall time holding unfinished tasks
+    t["wall"] += 2.0
+    t["cpu"] += 1.0
+    m.wait_begins()  # nothing held: the wait for messages is not the tasks' cost
+    t["wall"] += 10.0
+    m.wait_ends()
+    t["wall"] += 1.0
+    assert m.take(3) == (3, 3.0, 1.0)
+    assert m.take(0) == (0, 0.0, 0.0)  # each DONE reports what came since the previous one
+
+
+def test_with_schedstat_the_worker_counts_cpu_run_delay_and_time_tasks_blocked(monkeypatch):
+    from litz import worker
+    from litz.worker import SpeedMeasure
+
+    t = fake_clocks(monkeypatch)
+    monkeypatch.setattr(worker, "open_schedstat", lambda: -1)
+    monkeypatch.setattr(worker, "wanted", lambda fd: t["wanted"])
+    m = SpeedMeasure()
+    m.start_slice(t["wall"])
+    t["wall"] += 1.0  # a slice of 1 s: 0.25 s running or waiting for a CPU, 0.75 s blocked (a sleep)
+    t["wanted"] += 0.25
+    m.stop_slice()
+    assert m.blocked == 0.75
+    t["wall"] += 5.0  # outside slices only CPU and run delay count (the event loop's own work, its waits too)
+    t["wanted"] += 0.5
+    t["cpu"] += 0.5
+    assert m.take(2) == (2, 1.5, 0.5) and m.blocked == 0.0
