@@ -15,7 +15,7 @@ import os
 import socket
 import sys
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,8 @@ from .kernels import FIRST_RUN, app_kernels, compile_all, preload, watch
 from .keys import ShardMap
 from .membership import Membership
 from .outofcore import parse_bytes
-from .placement import POLICIES, SpeedMeter, leaving_first, plan_moves, speed_plan
+from .owners import Placement
+from .placement import Policy, SpeedMeter, leaving_first, make_policy
 from .process import Process, plausible_id
 from .recovery import CorruptCheckpoint, Recovery, RepeatedWarning, warn
 
@@ -52,14 +53,10 @@ REFUSED_WARNINGS = (10.0, 5)  # refused litzctl requests: at most 5 warnings eve
 _ANY_EPOCH = (P.HELLO, P.READY)  # messages the master takes whatever epoch they were sent at
 HISTORY_SAMPLES = 3600  # an hour of once-a-second samples for litzctl plot
 MAX_FOREIGN_KEYS = 4096  # more keys written elsewhere since a worker's last dispatch: it drops every live entry
-# placement "speed" (docs/design.md, "Placement policy"): how often the speeds are looked at, the gain in the
-# predicted step a rebalance must bring, the least time between two when the speeds stay put (and when they moved
-# past the threshold), and the completions a worker must have reported before its speed counts
+# placement "speed" (docs/design.md, "Placement policy"): how often the speeds are offered to the policy (its
+# hysteresis: litz.placement.SpeedPolicy), and the completions a worker must have reported before its speed counts
 SPEED_CHECK_S = 1.0
 SPEED_WINDOW_S = 0.5  # reports pooled this long before they move the EMA (a CPU quota slows in stalls)
-SPEED_THRESHOLD = 0.1
-REBALANCE_EVERY_S = 10.0
-REBALANCE_MIN_S = 2.0
 SPEED_MIN_TASKS = 4
 
 
@@ -122,19 +119,17 @@ class Master(Process):
                  spawn: Callable[[str], Any] | None = None, checkpoint_dir: str | None = None,
                  checkpoint_every: float | None = None, checkpoint_keep: int = 3, resume: bool = False,
                  partial_recovery: bool = False, priority_checkpoint: float | None = None,
-                 memory_limit: int | None = None, wake: bool = True, placement: str = "even", **endpoint: Any):
+                 memory_limit: int | None = None, wake: bool = True, placement: str | Policy = "even",
+                 **endpoint: Any):
         """``wake``: open the UDP socket litzctl pings (see :func:`open_wake_socket`); without it requests are
-        polled only. ``placement``: ``even`` or ``speed`` (executors follow the workers' measured speeds).
-        ``endpoint``: :class:`litz.process.Process`'s listen address arguments."""
-        if placement not in POLICIES:
-            raise LitzError(f"unknown placement {placement!r}: choose {' or '.join(POLICIES)}")
+        polled only. ``placement``: a policy's name in :data:`litz.placement.POLICIES` (``even``, or ``speed``:
+        executors follow the workers' measured speeds) or a policy object. ``endpoint``:
+        :class:`litz.process.Process`'s listen address arguments."""
+        policy = make_policy(placement)
         super().__init__("master", membership, secret, **endpoint)
-        self.placement = placement
+        # the one owner of the executor and shard maps and the moves in flight (docs/design.md, "Placement policy")
+        self.owners = Placement(policy)
         self.meters: dict[str, SpeedMeter] = {}  # worker -> its smoothed time per task (DONE's timing)
-        self.placed_weights: dict[str, float] | None = None  # the speeds the executor quotas follow (speed policy)
-        self.last_speed_rebalance: float | None = None
-        self.rebalance_every = REBALANCE_EVERY_S  # the simulator, on simulated time, makes it shorter
-        self.rebalance_min = REBALANCE_MIN_S
         self.speed_check_s = SPEED_CHECK_S
         self.speed_window_s = SPEED_WINDOW_S
         self.app = app
@@ -155,19 +150,13 @@ class Master(Process):
         self.servers: dict[str, Member] = {}
         self.addresses: dict[str, str] = {}  # every id that joined -> its latest process's address
         self._outages_logged = 0  # registry outages already in the job's events
-        self.executor_owner: list[str] = []
-        self.shard_owner: list[str] = []
         self.map_version = 0
         self.map_dirty = False
         self.last_owned: dict[str, int] = {}  # server -> last map version in which it held a shard
         self.exit_fences: dict[str, list[str]] = {}  # retired server -> the servers it fenced as it exited
-        self.moving_executors: dict[int, str] = {}
-        # scale-out moves: first the input data (eid -> dest), while the executor keeps running at its source
-        self.copying_input: dict[int, str] = {}
         self.copy_sent: set[int] = set()  # COPY_INPUT sent; the others wait for their channel
         self.channel_busy: dict[tuple[str, str], int] = {}  # (source, dest) -> the executor copying or moving on it
         self.copied_ready: dict[int, str] = {}  # copies that arrived during a snapshot: moved once it is written
-        self.moving_shards: dict[int, str] = {}
         self.spawning: list[tuple[str, Any, float]] = []  # (role, process, when): started by scale, not joined
         self.held: dict[int, list] = defaultdict(list)  # tasks for moving executors
         self.operation: ScaleOperation | None = None
@@ -207,6 +196,33 @@ class Master(Process):
         self.instance = os.urandom(8).hex()
         self.verifier = RequestVerifier(secret, membership.job, self.instance)
         self.refused_requests = RepeatedWarning("refused a request", *REFUSED_WARNINGS)
+
+    # -- the maps: read here and by the simulator and tests, written only by self.owners (litz/owners.py) ---------
+    @property
+    def executor_owner(self) -> tuple[str, ...]:
+        return self.owners.executor_owner
+
+    @property
+    def shard_owner(self) -> tuple[str, ...]:
+        return self.owners.shard_owner
+
+    @property
+    def moving_executors(self) -> Mapping[int, str]:
+        return self.owners.moving_executors
+
+    @property
+    def copying_input(self) -> Mapping[int, str]:
+        """Scale-out moves whose input data is on its way (eid -> dest), while the executor keeps running."""
+        return self.owners.copying_input
+
+    @property
+    def moving_shards(self) -> Mapping[int, str]:
+        return self.owners.moving_shards
+
+    @property
+    def placement(self) -> str:
+        """The placement policy's name (the status shows it)."""
+        return self.owners.policy.name
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def register(self) -> None:
@@ -285,7 +301,7 @@ class Master(Process):
             if now - last_status > STATUS_EVERY_S:
                 last_status = now
                 self.publish_status()
-            if self.placement == "speed" and now - last_speeds > self.speed_check_s:
+            if self.owners.policy.uses_speeds and now - last_speeds > self.speed_check_s:
                 last_speeds = now
                 self.rebalance_for_speed()
                 self.after_batch()
@@ -448,15 +464,13 @@ class Master(Process):
         workers, servers = sorted(self.workers), sorted(self.servers)
         self.num_executors = self.requested_executors or 4 * len(workers)
         num_shards = self.requested_shards or max(64, 8 * len(servers))
-        self.shard_owner = [servers[s % len(servers)] for s in range(num_shards)]
+        self.owners.place(workers, servers, self.num_executors, num_shards)
         for s in servers:
             self.last_owned[s] = 0
-        n, w = self.num_executors, len(workers)
-        self.executor_owner = [workers[e * w // n] for e in range(n)]  # contiguous, balanced blocks
         for s in servers:
             self.send(s, self.map_message())
         for ident in workers:
-            self.join_worker(ident, [e for e in range(n) if self.executor_owner[e] == ident] if create else [])
+            self.join_worker(ident, self.owners.executors_of(ident) if create else [])
         self._pump(lambda: all(m.ready for m in self.workers.values()),
                    lambda: f"executors were not ready within {self.start_timeout:.0f} s",
                    lambda: f"starting: loading input ({sum(m.ready for m in self.workers.values())} of "
@@ -520,12 +534,10 @@ class Master(Process):
     def reset_for_restore(self, num_executors: int, num_shards: int) -> None:
         """Forget every task, move and hold of the previous epoch (the processes forget theirs)."""
         self.num_executors = num_executors
-        self.moving_executors.clear()
-        self.copying_input.clear()
+        self.owners.clear_moves()
         self.copy_sent.clear()
         self.channel_busy.clear()
         self.copied_ready.clear()
-        self.moving_shards.clear()
         self.held.clear()
         self.paused_tasks.clear()
         self.outbox.clear()
@@ -817,14 +829,14 @@ class Master(Process):
                     self.operation.kind = kind
         draining = {m.ident for m in self.workers.values() if m.state == "draining"}
         for eid, src, dest in ex_moves:
-            if src in draining:  # leaving: its input data is dropped and re-loaded at the destination
-                self.moving_executors[eid] = dest
+            # leaving: its input data is dropped and re-loaded at the destination; else the input data first, from
+            # memory, while the executor keeps running; then the executor
+            self.owners.start_executor_move(eid, dest, copy_input=src not in draining)
+            if src in draining:
                 self.send(src, (P.MOVE_EXECUTOR, eid, dest, False, False))
-            else:  # input data first, from memory, while the executor keeps running; then the executor
-                self.copying_input[eid] = dest
         self.start_copies()
         for shard, src, dest in shard_moves:
-            self.moving_shards[shard] = dest
+            self.owners.start_shard_move(shard, dest)
             self.send(src, (P.MOVE_SHARD, shard, dest))
         self.check_retirements()
         self.maybe_end_operation()
@@ -849,7 +861,7 @@ class Master(Process):
                 continue
             member = self.workers.get(dest)
             if member is None or member.state != "active":
-                del self.copying_input[eid]
+                self.owners.call_off_copy(eid)
                 dropped = True
                 continue
             src = self.executor_owner[eid]
@@ -867,11 +879,11 @@ class Master(Process):
             self.copied_ready[eid] = dest
             return
         self.copied_ready.pop(eid, None)
-        del self.copying_input[eid]
         self.copy_sent.discard(eid)
         src = self.executor_owner[eid]
         member = self.workers.get(dest)
         if member is None or member.state != "active":  # dest is leaving: call this move off
+            self.owners.call_off_copy(eid)
             self.channel_busy.pop((src, dest), None)
             for ident in (dest, src):
                 if ident in self.workers:
@@ -880,13 +892,12 @@ class Master(Process):
             self.check_retirements()
             self.maybe_end_operation()
             return
-        self.moving_executors[eid] = dest  # the pair's channel stays busy until the executor has arrived
+        self.owners.input_copied(eid)  # the pair's channel stays busy until the executor has arrived
         self.flush_outbox()  # tasks already dispatched to it must reach the source before the move order
         self.send(src, (P.MOVE_EXECUTOR, eid, dest, False, True))
 
     def on_executor_moved(self, dest: str, eid: int, nbytes: int) -> None:
-        self.moving_executors.pop(eid, None)
-        src, self.executor_owner[eid] = self.executor_owner[eid], dest
+        src = self.owners.executor_moved(eid, dest)
         for task in self.held.pop(eid, ()):
             self.route(task)
         if self.operation:
@@ -899,8 +910,7 @@ class Master(Process):
         self.maybe_end_operation()
 
     def on_shard_moved(self, dest: str, shard: int, nbytes: int) -> None:
-        self.moving_shards.pop(shard, None)
-        self.shard_owner[shard] = dest
+        self.owners.shard_moved(shard, dest)
         self.map_dirty = True
         if self.operation:
             self.operation.bytes += nbytes
@@ -966,7 +976,8 @@ class Master(Process):
         if self.pending("worker") or self.pending("server"):
             return  # processes this operation started have not all joined yet
         end = clock.time()
-        extra = {"speeds": {w: round(v, 3) for w, v in self.placed_weights.items()}} if op.kind == "rebalance" else {}
+        weights = self.owners.policy.weights() if op.kind == "rebalance" else None
+        extra = {"speeds": {w: round(v, 3) for w, v in weights.items()}} if weights else {}
         self.joblog.event(op.kind, t=round(op.t0 - self.joblog.start, 4), end=round(end - self.joblog.start, 4),
                           duration_s=round(end - op.t0, 4), bytes=op.bytes, executors_moved=op.executors_moved,
                           shards_moved=op.shards_moved, processes=op.processes, workers=len(self.workers),
@@ -990,12 +1001,9 @@ class Master(Process):
         workers = sorted(m.ident for m in self.workers.values() if m.state == "active" and m.ready)
         servers = sorted(m.ident for m in self.servers.values() if m.state == "active")
         leaving = any(m.state == "draining" for m in (*self.workers.values(), *self.servers.values()))
-        ex_moves = plan_moves(self.executor_owner, {**self.moving_executors, **self.copying_input}, workers,
-                              [] if leaving else self.pending("worker"),  # a leaving process cannot wait
-                              weights=self.placed_weights if self.placement == "speed" else None)
-        shard_moves = plan_moves(self.shard_owner, self.moving_shards, servers,
-                                 [] if leaving else self.pending("server"))
-        return ex_moves, shard_moves
+        if leaving:  # a leaving process cannot wait
+            return self.owners.plan(workers, servers)
+        return self.owners.plan(workers, servers, self.pending("worker"), self.pending("server"))
 
     def speeds(self) -> dict[str, float]:
         """Measured speed (tasks per second of the worker's time: CPU plus waiting for a CPU) of each worker that has
@@ -1003,32 +1011,17 @@ class Master(Process):
         return {w: m.speed for w, m in self.meters.items() if m.tasks >= SPEED_MIN_TASKS and m.speed}
 
     def rebalance_for_speed(self) -> None:
-        """Placement ``speed``: when the measured speeds shorten the predicted step by more than the threshold,
-        adopt them as the executor quotas and move executors (scale-out moves, event ``rebalance``). Only when
-        nothing else is under way; at most once per ``rebalance_every`` unless the speeds moved past the
-        threshold since the last one (docs/design.md, "Placement policy")."""
+        """A policy that uses speeds (``speed``): offer it the measured speeds, and when it adopts them as the
+        executor quotas (its hysteresis decides) move executors (scale-out moves, event ``rebalance``). Only when
+        nothing else is under way (docs/design.md, "Placement policy")."""
         if (not self.started or self.finished or self.operation is not None or self.deferred_scale is not None
                 or self.recovery.in_progress is not None or self.recovery.restoring is not None
                 or self.recovery.paused or self.moving_executors or self.copying_input or self.moving_shards
                 or self.pending("worker") or any(m.state != "active" for m in self.workers.values())):
             return
         workers = sorted(m.ident for m in self.workers.values() if m.ready)
-        speeds = self.speeds()
-        if len(workers) < 2 or any(w not in speeds for w in workers):
-            return
-        now = clock.time()
-        if self.last_speed_rebalance is not None:
-            since = now - self.last_speed_rebalance
-            old = self.placed_weights or {}
-            moved = any(w not in old or abs(speeds[w] - old[w]) > SPEED_THRESHOLD * old[w] for w in workers)
-            if since < self.rebalance_min or (since < self.rebalance_every and not moved):
-                return
-        speeds = {w: speeds[w] for w in workers}
-        if not speed_plan(self.executor_owner, {}, workers, speeds, SPEED_THRESHOLD):
-            return
-        self.placed_weights = speeds
-        self.last_speed_rebalance = now
-        self.rebalance("rebalance", [])
+        if self.owners.reconsider(workers, self.speeds(), clock.time()):
+            self.rebalance("rebalance", [])
 
     def drain(self, idents: list[str]) -> str:
         """Move everything off these processes; each exits once empty. Returns what is happening."""

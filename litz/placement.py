@@ -9,12 +9,18 @@ then 4 more (one of them again) for the fourth.
 With weights (the ``speed`` policy: docs/design.md, "Placement policy") the quotas are in proportion to them
 instead; :func:`speed_plan` decides when the measured speeds are worth a move (hysteresis), and
 :class:`SpeedMeter` smooths what the workers report.
+
+The policies themselves are objects (:class:`EvenPolicy`, :class:`SpeedPolicy`, found by name in
+:data:`POLICIES`) that :class:`litz.owners.Placement`, the one owner of the maps, consults without knowing which
+one it has, as ps-lite's ``set_slicer`` lets a worker slice keys without knowing how.
 """
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
-POLICIES = ("even", "speed")
+from .errors import LitzError
 
 
 def quotas(n: int, ranked: list[str], weights: dict[str, float] | None = None) -> dict[str, int]:
@@ -42,7 +48,7 @@ def quotas(n: int, ranked: list[str], weights: dict[str, float] | None = None) -
     return quota
 
 
-def plan_moves(owner: list[str], moving: dict[int, str], active: list[str],
+def plan_moves(owner: Sequence[str], moving: dict[int, str], active: list[str],
                pending: list[str] = (), weights: dict[str, float] | None = None) -> list[tuple[int, str, str]]:
     """Moves ``(item, source, dest)`` that balance ``owner`` (item -> process) over ``active`` and ``pending``.
 
@@ -93,7 +99,7 @@ def predicted_step(counts: dict[str, int], speeds: dict[str, float]) -> float:
     return max((c / speeds[p] for p, c in counts.items() if c), default=0.0)
 
 
-def speed_plan(owner: list[str], moving: dict[int, str], active: list[str], speeds: dict[str, float],
+def speed_plan(owner: Sequence[str], moving: dict[int, str], active: list[str], speeds: dict[str, float],
                threshold: float = 0.1) -> list[tuple[int, str, str]]:
     """Moves that place executors in proportion to ``speeds`` (tasks per second of each worker), or none when they
     would shorten the predicted step by less than ``threshold`` (a fraction): the hysteresis that keeps noise in
@@ -115,6 +121,83 @@ def speed_plan(owner: list[str], moving: dict[int, str], active: list[str], spee
     if now <= 0 or (now - then) / now < threshold:
         return []
     return moves
+
+
+class Policy(Protocol):
+    """What a placement policy tells the owner of the maps: the executor quotas' weights, and whether new speeds
+    are worth moving executors for. Shards are always spread evenly: a policy decides the executors' quotas only."""
+
+    name: str
+    uses_speeds: bool  # the master offers it the measured speeds (once a second)
+
+    def weights(self) -> dict[str, float] | None:
+        """Executor quotas in proportion to these (a worker without one counts at the mean), or None: even."""
+
+    def offer(self, owner: Sequence[str], workers: list[str], speeds: dict[str, float], now: float) -> bool:
+        """The measured ``speeds`` of the active ``workers``: True when the policy adopted new weights and executors
+        should move to follow them."""
+
+
+class EvenPolicy:
+    """``even`` (the default): each active worker holds ``n / workers`` executors, give or take one."""
+
+    name = "even"
+    uses_speeds = False
+
+    def weights(self) -> dict[str, float] | None:
+        return None
+
+    def offer(self, owner: Sequence[str], workers: list[str], speeds: dict[str, float], now: float) -> bool:
+        return False
+
+
+class SpeedPolicy:
+    """``speed``: executor quotas in proportion to the *adopted* weights, the measured speeds of the last rebalance.
+
+    New speeds are adopted only when a plan with them shortens the predicted step by more than ``threshold``, and at
+    most once per ``every_s`` unless the speeds moved past the threshold since the last adoption (never twice within
+    ``min_s``): between adoptions every plan and every re-placement uses the same weights, so noise in the speeds
+    never moves an executor back and forth."""
+
+    name = "speed"
+    uses_speeds = True
+
+    def __init__(self, threshold: float = 0.1, min_s: float = 2.0, every_s: float = 10.0):
+        self.threshold, self.min_s, self.every_s = threshold, min_s, every_s
+        self.adopted: dict[str, float] | None = None
+        self.adopted_at: float | None = None
+
+    def weights(self) -> dict[str, float] | None:
+        return self.adopted
+
+    def offer(self, owner: Sequence[str], workers: list[str], speeds: dict[str, float], now: float) -> bool:
+        if len(workers) < 2 or any(w not in speeds for w in workers):
+            return False  # a worker not measured yet: nothing to compare it with
+        if self.adopted_at is not None:
+            since, old = now - self.adopted_at, self.adopted or {}
+            moved = any(w not in old or abs(speeds[w] - old[w]) > self.threshold * old[w] for w in workers)
+            if since < self.min_s or (since < self.every_s and not moved):
+                return False
+        speeds = {w: speeds[w] for w in workers}
+        if not speed_plan(owner, {}, workers, speeds, self.threshold):
+            return False
+        self.adopted, self.adopted_at = speeds, now
+        return True
+
+
+# the policies by name: what --placement and placement= take (register another here)
+POLICIES: dict[str, Callable[[], Policy]] = {"even": EvenPolicy, "speed": SpeedPolicy}
+
+
+def make_policy(placement: str | Policy) -> Policy:
+    """The policy named ``placement`` (a fresh one: a speed policy holds its job's adopted weights), or the
+    policy object itself."""
+    if not isinstance(placement, str):
+        return placement
+    factory = POLICIES.get(placement)
+    if factory is None:
+        raise LitzError(f"unknown placement {placement!r}: choose {' or '.join(POLICIES)}")
+    return factory()
 
 
 class SpeedMeter:

@@ -364,8 +364,7 @@ class Recovery:
         if not servers or not workers:
             raise LitzError("no live worker or server left to recover onto")
         n_shards, n_exec = manifest["num_shards"], manifest["num_executors"]
-        m.shard_owner = [servers[s % len(servers)] for s in range(n_shards)]
-        m.executor_owner = [workers[e * len(workers) // n_exec] for e in range(n_exec)]
+        m.owners.place(workers, servers, n_exec, n_shards)
         m.map_version += 1
         for s in m.servers:  # a server left without shards was never an owner in this map: no fences
             m.last_owned[s] = m.map_version if s in m.shard_owner else -1
@@ -425,9 +424,7 @@ class Recovery:
         self.replace(lost)  # a replacement joins later; the balancer then gives it shards
         live = sorted(m.servers)  # all hear of the loss (their forwards to the lost servers change)
         active = [i for i in live if m.servers[i].state == "active"]  # a draining one would move them off again
-        lost_shards = [s for s, owner in enumerate(m.shard_owner) if owner in lost_ids]
-        for i, shard in enumerate(lost_shards):
-            m.shard_owner[shard] = active[i % len(active)]
+        lost_shards = m.owners.rehome_shards(lost_ids, active)
         m.map_version += 1
         m.map_dirty = False
         for s in m.servers:

@@ -109,6 +109,59 @@ def wanted(fd: int) -> float:
     return (int(fields[0]) + int(fields[1])) / 1e9
 
 
+class SpeedMeasure:
+    """What tasks cost this worker since its previous DONE, which carries it (the master's measure of the worker's
+    speed, :class:`litz.placement.SpeedMeter`): seconds it held unfinished tasks (running them, or waiting for their
+    values or their flush) and CPU seconds. Holding, not running: a CPU quota's stalls land anywhere, also in the
+    wake-up from a wait for a message, which running time misses. Where Linux tells it (``schedstat``), the seconds
+    are CPU time plus run delay instead (see :func:`wanted`), plus the time tasks blocked inside run slices (sleep,
+    I/O, the test hook), which costs too although it is neither."""
+
+    def __init__(self, schedstat: bool = True):
+        """``schedstat``: False measures held wall time even where /proc tells more (bare workers in tests)."""
+        self.busy = 0.0  # held time before the current wait mark
+        self._busy_mark = clock.perf_counter()
+        self._cpu_mark = clock.thread_time()
+        self._schedstat = open_schedstat() if schedstat else None
+        self._wanted_mark = wanted(self._schedstat) if self._schedstat is not None else 0.0
+        self.blocked = 0.0
+        self._slice_start = self._slice_wanted = 0.0
+
+    def wait_begins(self) -> None:
+        """The worker holds no task and waits for messages: busy until now, the wait is not."""
+        self.busy += clock.perf_counter() - self._busy_mark
+
+    def wait_ends(self) -> None:
+        self._busy_mark = clock.perf_counter()
+
+    def start_slice(self, now: float) -> None:
+        """A run slice (tasks switched to one after another) starts at ``now`` (perf_counter)."""
+        if self._schedstat is not None:
+            self._slice_start, self._slice_wanted = now, wanted(self._schedstat)
+
+    def stop_slice(self) -> None:
+        """The run slice ended: the wall time in it that was neither CPU nor run delay was tasks blocking."""
+        if self._schedstat is not None:
+            ran = clock.perf_counter() - self._slice_start
+            self.blocked += max(0.0, ran - (wanted(self._schedstat) - self._slice_wanted))
+
+    def take(self, tasks: int) -> tuple[int, float, float]:
+        """``(tasks, seconds, CPU seconds)`` since the previous take, for ``tasks`` completions; starts afresh."""
+        now, cpu = clock.perf_counter(), clock.thread_time()
+        spent = self.busy + now - self._busy_mark
+        if self._schedstat is not None:
+            w = wanted(self._schedstat)
+            spent, self._wanted_mark = w - self._wanted_mark + self.blocked, w
+        timing = (tasks, spent, cpu - self._cpu_mark)
+        self.busy, self._busy_mark, self._cpu_mark, self.blocked = 0.0, now, cpu, 0.0
+        return timing
+
+    def close(self) -> None:
+        if self._schedstat is not None:
+            os.close(self._schedstat)
+            self._schedstat = None
+
+
 class Fetch:
     __slots__ = ("key", "version", "waiters", "server", "ticket")
 
@@ -137,17 +190,7 @@ class Worker(Process):
         self.speaker: int | None = None  # the executor whose code runs outside a task (load_input): named in prints
         self.main = greenlet.getcurrent()
         self.slow = SlowHook(self.ident)
-        # the worker's speed, reported with each DONE: seconds it held unfinished tasks (running them, or waiting
-        # for their values or their flush) and CPU seconds since the previous DONE. Holding, not running: a CPU
-        # quota's stalls land anywhere, also in the wake-up from a wait for a message, which running time misses
-        self.busy = 0.0
-        self._busy_mark = clock.perf_counter()
-        self._cpu_mark = clock.thread_time()
-        # where Linux tells it: CPU time plus run delay instead (see :func:`wanted`), plus the time tasks blocked
-        self._schedstat = open_schedstat()
-        self._wanted_mark = wanted(self._schedstat) if self._schedstat is not None else 0.0
-        self.blocked = 0.0  # where it is CPU + run delay: time tasks blocked inside run slices costs too
-        self._slice_wanted = 0.0
+        self.measure = SpeedMeasure()  # what tasks cost this worker: its speed, reported with each DONE
         self.fetches: dict[int, Fetch] = {}
         self.fetch_by_key: dict[Hashable, Fetch] = {}
         self.out_gets: dict[str, list] = defaultdict(list)
@@ -192,11 +235,10 @@ class Worker(Process):
         while self.running:
             idle = not self.runnable and not self.holds_tasks()
             if idle:  # busy until now; the wait below is not
-                now = clock.perf_counter()
-                self.busy += now - self._busy_mark
+                self.measure.wait_begins()
             got = self.wait_for_messages(0 if self.runnable else 100)
             if idle:
-                self._busy_mark = clock.perf_counter()
+                self.measure.wait_ends()
             if got:
                 for sender, msg in self.receive():
                     self.handle_message(sender, msg)
@@ -673,9 +715,7 @@ class Worker(Process):
 
     def close(self) -> None:
         self.residency.close()  # spill files go with the worker
-        if self._schedstat is not None:
-            os.close(self._schedstat)
-            self._schedstat = None
+        self.measure.close()
         super().close()
 
     def can_retire(self) -> bool:
@@ -686,28 +726,29 @@ class Worker(Process):
     def run_slice(self) -> None:
         perf = clock.perf_counter
         start = perf()
-        if self._schedstat is not None:
-            self._slice_wanted = wanted(self._schedstat)
+        self.measure.start_slice(start)
         deadline = start + RUN_SLICE_S
         runnable = self.runnable
+        slow = self.slow.active
+        t0 = 0.0
         while runnable:
             task = runnable.popleft()
             self.current = task
-            t0 = perf()
+            if slow:  # how long the task ran: only the test hook needs it
+                t0 = perf()
             if task.glet is None:
                 task.glet = greenlet.greenlet(self._task_body)
                 task.glet.switch(task)
             else:
                 task.glet.switch()
             now = perf()
-            if self.slow.active:
+            if slow:
                 clock.sleep(self.slow.sleep_for(now - t0, now))
                 now = perf()
             if now > deadline:
                 break
         self.current = None
-        if self._schedstat is not None:  # time tasks blocked (sleep, I/O, the test hook): no CPU, no run delay
-            self.blocked += max(0.0, (perf() - start) - (wanted(self._schedstat) - self._slice_wanted))
+        self.measure.stop_slice()
 
     def _task_body(self, task: Task) -> None:
         eid = task.eid
@@ -892,13 +933,7 @@ class Worker(Process):
         """Send completed tasks' results to the master. A result that cannot be pickled is the app's error, told
         with the executor and task that returned it, as an exception raised in run_task is: never a lost worker."""
         # what these tasks cost (the master's measure of this worker's speed), on the message it sends anyway
-        now, cpu = clock.perf_counter(), clock.thread_time()
-        spent = self.busy + now - self._busy_mark
-        if self._schedstat is not None:
-            w = wanted(self._schedstat)
-            spent, self._wanted_mark = w - self._wanted_mark + self.blocked, w
-        timing = (len(tasks), spent, cpu - self._cpu_mark)
-        self.busy, self._busy_mark, self._cpu_mark, self.blocked = 0.0, now, cpu, 0.0
+        timing = self.measure.take(len(tasks))
         try:
             self.send("master", (P.DONE, results, written, timing))
             return

@@ -89,13 +89,13 @@ def _bare_worker():
     """A Worker with only what on_values/on_ack touch (no sockets): messages it sends are recorded."""
     from collections import deque
 
-    from litz.worker import Fetch, Worker
+    from litz.worker import Fetch, SpeedMeasure, Worker
 
     w = Worker.__new__(Worker)
     w.cache, w.flushing, w.fetches, w.fetch_by_key, w.runnable, w.sent = ParamCache(), {}, {}, {}, deque(), []
     w.resent_fids, w.unsettled = {}, {}
     # the speed measure DONE carries (Worker.__init__ sets it up): no schedstat, nothing held yet
-    w.busy, w._busy_mark, w._cpu_mark, w._schedstat, w._wanted_mark, w.blocked = 0.0, 0.0, 0.0, None, 0.0, 0.0
+    w.measure = SpeedMeasure(schedstat=False)
     # a DONE is recorded without its timing field (the speed measure's, tested in test_placement.py)
     w.send = lambda peer, msg, pickler=None: w.sent.append((peer, msg[:3] if msg[0] == "done" else msg))
     w.fail = lambda where, text: w.sent.append(("fail", where, text))

@@ -169,13 +169,21 @@ def test_a_worker_joining_as_a_shard_move_ends_is_not_awaited_by_the_old_owner()
 
     from litz import protocol as P
     from litz.master import Master, Member
+    from litz.owners import Placement
+    from litz.placement import EvenPolicy
 
+    class Fake(SimpleNamespace):  # the master's views of its maps
+        shard_owner, moving_shards = Master.shard_owner, Master.moving_shards
+        moving_executors, copying_input = Master.moving_executors, Master.copying_input
+
+    owners = Placement(EvenPolicy())
+    owners.place(["w0"], ["s0", "s1"], 2, 2)
+    owners.start_shard_move(0, "s1")
     sent = []
-    m = SimpleNamespace(map_version=3, map_dirty=False, shard_owner=["s0", "s1"], last_owned={"s0": 3, "s1": 3},
-                        moving_shards={0: "s1"}, moving_executors={}, copying_input={}, operation=None,
-                        app=SimpleNamespace(token="t", executor_blob=lambda: b""), config={}, num_executors=2,
-                        memory_limit=None, send=lambda ident, msg: sent.append((ident, msg)),
-                        maybe_end_operation=lambda: None, exit_fences={})
+    m = Fake(map_version=3, map_dirty=False, owners=owners, last_owned={"s0": 3, "s1": 3}, operation=None,
+             app=SimpleNamespace(token="t", executor_blob=lambda: b""), config={}, num_executors=2,
+             memory_limit=None, send=lambda ident, msg: sent.append((ident, msg)),
+             maybe_end_operation=lambda: None, exit_fences={})
     m.map_message = lambda: Master.map_message(m)
     m.workers = {"w0": Member("w0", "worker", {})}
     m.workers["w0"].first_map = 0

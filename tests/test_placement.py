@@ -1,5 +1,19 @@
-"""The balancing policy (litz.placement.plan_moves): even spread, fewest moves, processes about to join."""
-from litz.placement import SpeedMeter, leaving_first, plan_moves, quotas, speed_plan
+"""The balancing policy (litz.placement.plan_moves): even spread, fewest moves, processes about to join; the
+policies by name, and the one owner of the maps (litz.owners.Placement) that consults them."""
+import pytest
+
+from litz.errors import LitzError
+from litz.owners import Placement
+from litz.placement import (
+    EvenPolicy,
+    SpeedMeter,
+    SpeedPolicy,
+    leaving_first,
+    make_policy,
+    plan_moves,
+    quotas,
+    speed_plan,
+)
 
 
 def apply(owner: list[str], moves: list[tuple[int, str, str]]) -> list[str]:
@@ -135,3 +149,179 @@ def test_every_worker_keeps_an_executor_so_it_is_still_measured():
     after = apply(owner, speed_plan(owner, {}, ["w0", "w1"], {"w0": 100.0, "w1": 1.0}))
     assert after.count("w1") == 1 and after.count("w0") == 15
     assert quotas(3, ["a", "b", "c"], {"a": 100.0, "b": 1.0, "c": 1.0}) == {"a": 1, "b": 1, "c": 1}
+
+
+# -- the one owner of the maps (litz.owners.Placement) and the policies it consults ------------------------------
+def blocks(owner) -> list[tuple[str, int]]:
+    """Runs of one owner in order: contiguous blocks have each owner once."""
+    runs: list[tuple[str, int]] = []
+    for p in owner:
+        if runs and runs[-1][0] == p:
+            runs[-1] = (p, runs[-1][1] + 1)
+        else:
+            runs.append((p, 1))
+    return runs
+
+
+def test_first_and_full_recovery_placement_give_contiguous_even_blocks_and_forget_moves():
+    p = Placement(EvenPolicy())
+    p.place(["w0", "w1", "w2"], ["s0", "s1"], 10, 6)
+    assert blocks(p.executor_owner) == [("w0", 4), ("w1", 3), ("w2", 3)]
+    assert p.shard_owner == ("s0", "s1") * 3
+    # the job runs: executors and shards move, some are on their way
+    for eid, dest in ((0, "w2"), (5, "w0"), (9, "w1")):
+        p.start_executor_move(eid, dest, copy_input=False)
+        p.executor_moved(eid, dest)
+    p.start_executor_move(1, "w1", copy_input=True)
+    p.start_shard_move(2, "s1")
+    # a full recovery onto the survivors: contiguous blocks again, nothing in flight any more
+    p.place(["w0", "w2"], ["s1"], 10, 6)
+    assert blocks(p.executor_owner) == [("w0", 5), ("w2", 5)]
+    assert p.shard_owner == ("s1",) * 6
+    assert not p.moving_executors and not p.copying_input and not p.moving_shards
+
+
+def test_partial_recovery_rehomes_only_the_lost_shards_evenly_over_the_survivors():
+    p = Placement(EvenPolicy())
+    p.place(["w0", "w1"], ["s0", "s1", "s2"], 8, 12)
+    executors = p.executor_owner
+    before = p.shard_owner
+    rehomed = p.rehome_shards(["s2"], ["s0", "s1"])
+    assert rehomed == [s for s, o in enumerate(before) if o == "s2"]
+    assert all(p.shard_owner[s] == before[s] for s in range(12) if s not in rehomed)  # nothing else moves
+    assert sorted(p.shard_owner.count(s) for s in ("s0", "s1")) == [6, 6] and "s2" not in p.shard_owner
+    assert p.executor_owner == executors
+    # survivors holding unequal shares (after scale moves): the lost ones fill the emptier survivor first
+    p = Placement(EvenPolicy())
+    p.place(["w0"], ["s0", "s1", "s2"], 4, 12)
+    for shard in (1, 4):  # s1 -> s0 twice: s0 6, s1 2, s2 4
+        p.start_shard_move(shard, "s0")
+        p.shard_moved(shard, "s0")
+    p.rehome_shards(["s2"], ["s0", "s1"])
+    assert (p.shard_owner.count("s0"), p.shard_owner.count("s1")) == (6, 6)
+
+
+def test_the_maps_change_only_through_the_owner():
+    p = Placement(EvenPolicy())
+    p.place(["w0", "w1"], ["s0"], 4, 2)
+    with pytest.raises(TypeError):
+        p.executor_owner[0] = "w1"  # a tuple: a reader cannot write it
+    with pytest.raises(TypeError):
+        p.moving_executors[0] = "w1"  # a read-only view of the moves in flight
+    p.start_executor_move(3, "w0", copy_input=True)  # input first: the executor keeps running at w1
+    assert dict(p.copying_input) == {3: "w0"} and not p.moving_executors
+    assert p.input_copied(3) == "w0" and dict(p.moving_executors) == {3: "w0"} and not p.copying_input
+    assert p.executor_moved(3, "w0") == "w1" and p.executor_owner == ("w0", "w0", "w1", "w0")
+    assert not p.moving_executors
+
+
+class Recording:
+    """A policy of the test's own: fixed weights, and a record of what the owner asked it."""
+
+    name, uses_speeds = "recording", True
+
+    def __init__(self, weights):
+        self.fixed, self.asked, self.offers = weights, 0, []
+
+    def weights(self):
+        self.asked += 1
+        return self.fixed
+
+    def offer(self, owner, workers, speeds, now):
+        self.offers.append((tuple(owner), workers, speeds, now))
+        return True
+
+
+def test_the_policy_object_passed_in_is_the_one_consulted():
+    policy = Recording({"w0": 3.0, "w1": 1.0})
+    p = Placement(policy)
+    p.place(["w0", "w1"], ["s0"], 16, 4)
+    assert blocks(p.executor_owner) == [("w0", 12), ("w1", 4)] and policy.asked == 1
+    # a third worker joins: it counts at the mean of the others' weights (2), so 3 : 1 : 2 of 16 is 8 : 3 : 5
+    ex_moves, shard_moves = p.plan(["w0", "w1", "w2"], ["s0"])
+    assert policy.asked == 2 and not shard_moves
+    after = apply(list(p.executor_owner), ex_moves)
+    assert [after.count(w) for w in ("w0", "w1", "w2")] == [8, 3, 5] and len(ex_moves) == 5
+    assert p.reconsider(["w0", "w1"], {"w0": 1.0, "w1": 1.0}, 5.0) is True
+    assert policy.offers == [(p.executor_owner, ["w0", "w1"], {"w0": 1.0, "w1": 1.0}, 5.0)]
+    # shards follow no policy: always even
+    p.place(["w0", "w1"], ["s0", "s1"], 16, 4)
+    assert sorted(p.shard_owner.count(s) for s in ("s0", "s1")) == [2, 2]
+
+
+def test_policies_are_found_by_name_and_an_unknown_name_is_one_clear_line():
+    assert isinstance(make_policy("even"), EvenPolicy) and isinstance(make_policy("speed"), SpeedPolicy)
+    assert make_policy("speed") is not make_policy("speed")  # each job adopts its own weights
+    mine = Recording(None)
+    assert make_policy(mine) is mine
+    with pytest.raises(LitzError, match=r"^unknown placement 'fastest': choose even or speed$"):
+        make_policy("fastest")
+
+
+def test_speed_policy_adopts_only_worthwhile_speeds_and_not_too_often():
+    owner = ["w0"] * 8 + ["w1"] * 8
+    sp = SpeedPolicy(threshold=0.1, min_s=2.0, every_s=10.0)
+    assert sp.weights() is None
+    assert not sp.offer(owner, ["w0", "w1"], {"w0": 1.0}, 0.0)  # w1 not measured yet
+    assert not sp.offer(owner, ["w0", "w1"], {"w0": 1.0, "w1": 1.04}, 0.0)  # noise: not worth a move
+    assert sp.offer(owner, ["w0", "w1"], {"w0": 3.0, "w1": 1.0}, 1.0) and sp.weights() == {"w0": 3.0, "w1": 1.0}
+    placed = apply(owner, speed_plan(owner, {}, ["w0", "w1"], sp.weights()))
+    assert not sp.offer(placed, ["w0", "w1"], {"w0": 1.0, "w1": 1.0}, 2.5)  # within min_s of the last one
+    assert sp.offer(placed, ["w0", "w1"], {"w0": 1.0, "w1": 1.0}, 3.5)  # the speeds moved past the threshold
+    assert sp.weights() == {"w0": 1.0, "w1": 1.0}
+
+
+def test_speed_placement_after_a_full_recovery_keeps_the_survivors_adopted_weights():
+    sp = SpeedPolicy()
+    p = Placement(sp)
+    p.place(["w0", "w1", "w2"], ["s0"], 12, 4)  # first placement: nothing measured, even
+    assert blocks(p.executor_owner) == [("w0", 4), ("w1", 4), ("w2", 4)]
+    assert sp.offer(p.executor_owner, ["w0", "w1", "w2"], {"w0": 2.0, "w1": 1.0, "w2": 1.0}, 0.0)
+    # w2 is lost; a replacement w3 joins before the restore: w0 keeps twice w1's share, w3 counts at their mean
+    p.place(["w0", "w1", "w3"], ["s0"], 12, 4)
+    assert blocks(p.executor_owner) == [("w0", 5), ("w1", 3), ("w3", 4)]
+    assert p.plan(["w0", "w1", "w3"], ["s0"]) == ([], [])  # and the next plan moves nothing back
+
+
+# -- what the worker reports on DONE (litz.worker.SpeedMeasure), on clocks the test moves ------------------------
+def fake_clocks(monkeypatch) -> dict:
+    from litz import clock
+
+    t = {"wall": 100.0, "cpu": 5.0, "wanted": 7.0}
+    monkeypatch.setattr(clock, "perf_counter", lambda: t["wall"])
+    monkeypatch.setattr(clock, "thread_time", lambda: t["cpu"])
+    return t
+
+
+def test_the_worker_counts_the_time_it_held_tasks_not_its_waits(monkeypatch):
+    from litz.worker import SpeedMeasure
+
+    t = fake_clocks(monkeypatch)
+    m = SpeedMeasure(schedstat=False)  # where /proc tells no run delay: wall time holding unfinished tasks
+    t["wall"] += 2.0
+    t["cpu"] += 1.0
+    m.wait_begins()  # nothing held: the wait for messages is not the tasks' cost
+    t["wall"] += 10.0
+    m.wait_ends()
+    t["wall"] += 1.0
+    assert m.take(3) == (3, 3.0, 1.0)
+    assert m.take(0) == (0, 0.0, 0.0)  # each DONE reports what came since the previous one
+
+
+def test_with_schedstat_the_worker_counts_cpu_run_delay_and_time_tasks_blocked(monkeypatch):
+    from litz import worker
+    from litz.worker import SpeedMeasure
+
+    t = fake_clocks(monkeypatch)
+    monkeypatch.setattr(worker, "open_schedstat", lambda: -1)
+    monkeypatch.setattr(worker, "wanted", lambda fd: t["wanted"])
+    m = SpeedMeasure()
+    m.start_slice(t["wall"])
+    t["wall"] += 1.0  # a slice of 1 s: 0.25 s running or waiting for a CPU, 0.75 s blocked (a sleep)
+    t["wanted"] += 0.25
+    m.stop_slice()
+    assert m.blocked == 0.75
+    t["wall"] += 5.0  # outside slices only CPU and run delay count (the event loop's own work, its waits too)
+    t["wanted"] += 0.5
+    t["cpu"] += 0.5
+    assert m.take(2) == (2, 1.5, 0.5) and m.blocked == 0.0

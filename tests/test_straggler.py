@@ -57,6 +57,43 @@ def test_a_slow_worker_loses_executors_and_the_result_stays_exact(tmp_path):
     assert len(rebalances) <= 2, rebalances
 
 
+@pytest.mark.timeout(180)
+def test_cluster_mode_speed_placement_moves_executors_off_a_slow_worker(etcd, tmp_path):
+    """The same through cluster mode: real etcd, `litz master --placement speed` and the roles started apart, the
+    slow worker named by its --id (the hook matches the worker's id in the job)."""
+    from tests.test_cluster import role
+
+    e, name, out = etcd.endpoint, "cluster-straggler", tmp_path / "out.json"
+    with Processes() as procs:
+        procs.start(role("server", e, name))
+        procs.start(role("worker", e, name, "--id", "fast"))
+        procs.start(role("worker", e, name, "--id", "slow"), env={**os.environ, "LITZ_TEST_SLOW_WORKER": "slow:0.75"})
+        master = procs.start(["litz", "master", app_path("chains"), "--etcd", e, "--name", name, "--min-workers", "2",
+                              "--executors", "16", "--placement", "speed", "--config", f"chains={CHAINS}",
+                              f"steps={STEPS}", "sleep=0.004", "--output", str(out), "--no-progress"])
+
+        def shifted():
+            st = status(name, e)
+            if not st or st["state"] != "running" or st["moving"]["executors"]:
+                return None
+            held = {w["id"]: len(w["executors"]) for w in st["workers"]}
+            return st if set(held) == {"fast", "slow"} and held["slow"] <= 5 else None
+
+        st = wait_for(shifted, 90, "the slow worker down to 5 or fewer of 16 executors")
+        assert st["placement"] == "speed"
+        speeds = {w["id"]: w["speed"] for w in st["workers"]}
+        assert speeds["fast"] > 2.5 * speeds["slow"], speeds
+        assert sum(len(w["executors"]) for w in st["workers"]) == 16
+        stdout, stderr = master.communicate(timeout=150)
+        assert master.returncode == 0, stderr
+    check_result(json.loads(stdout), STEPS)
+    rebalances = [ev for ev in json.loads(out.read_text())["events"] if ev["kind"] == "rebalance"]
+    assert rebalances, json.loads(out.read_text())["events"]
+    first = rebalances[0]
+    assert first["executors_moved"] >= 3 and first["bytes"] > 0
+    assert first["speeds"]["fast"] > 2.5 * first["speeds"]["slow"], first
+
+
 def test_even_placement_is_the_default_and_an_unknown_one_is_refused(tmp_path):
     res = run_cli(["litz", "run", app_path("chains"), "--placement", "fastest", "--no-progress"])
     assert res.returncode != 0 and "invalid choice: 'fastest'" in res.stderr
@@ -95,3 +132,38 @@ def test_a_released_worker_gets_its_executors_back(tmp_path):
     check_result(doc["result"], LONG)
     moved = [e for e in doc["events"] if e["kind"] == "rebalance"]
     assert len(moved) >= 2 and moved[-1]["speeds"]["w1"] > 0.6 * moved[-1]["speeds"]["w0"], moved
+
+
+class FixedOnFirstOffer:
+    """A policy of the test's own, passed to litz.run as an object: even until the master first offers it speeds,
+    then 3 : 1 for w0 : w1 whatever was measured."""
+
+    name, uses_speeds = "fixed", True
+
+    def __init__(self):
+        self.adopted, self.offered = None, []
+
+    def weights(self):
+        return self.adopted
+
+    def offer(self, owner, workers, speeds, now):
+        self.offered.append(tuple(owner))
+        if self.adopted is None and workers == ["w0", "w1"]:
+            self.adopted = {"w0": 3.0, "w1": 1.0}
+            return True
+        return False
+
+
+@pytest.mark.timeout(120)
+def test_a_policy_object_given_to_litz_run_is_the_one_the_master_follows(tmp_path):
+    import litz
+
+    policy, out = FixedOnFirstOffer(), tmp_path / "out.json"
+    result = litz.run(app_path("chains"), workers=2, executors=16, placement=policy, output=str(out),
+                      config={"chains": CHAINS, "steps": STEPS, "sleep": 0.004}, progress=False)
+    check_result(result, STEPS)
+    assert sorted(policy.offered[0].count(w) for w in ("w0", "w1")) == [8, 8]  # first placement: even
+    assert any(o.count("w0") == 12 and o.count("w1") == 4 for o in policy.offered[1:]), policy.offered
+    doc = json.loads(out.read_text())
+    [rebalance] = [e for e in doc["events"] if e["kind"] == "rebalance"]
+    assert rebalance["speeds"] == {"w0": 3.0, "w1": 1.0} and rebalance["executors_moved"] == 4

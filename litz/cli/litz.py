@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..appoutput import result_only_stdout
 from ..outofcore import parse_bytes
+from ..placement import POLICIES
 from .common import Parser, add_etcd_options, etcd_options, main_guard, parse_config
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ def _job_options(p: argparse.ArgumentParser) -> None:
                    "data included (e.g. 2G); idle executors beyond it are spilled to local disk and reloaded")
     p.add_argument("--partial-recovery", action="store_true", help="SCAR: when servers are lost, reload only their "
                    "shards and keep every other parameter and executor as it is (less rework, not exact)")
-    p.add_argument("--placement", choices=("even", "speed"), default="even", help="how executors are spread over "
+    p.add_argument("--placement", choices=list(POLICIES), default="even", help="how executors are spread over "
                    "workers: evenly by count (default), or in proportion to each worker's measured speed")
     p.add_argument("--priority-checkpoint", type=float, metavar="R", help="SCAR: every R x --checkpoint-every, "
                    "save the fraction R of parameters that changed most into a running checkpoint")

@@ -173,7 +173,8 @@ class Schedule:
         the other events."""
         from ..placement import SpeedMeter
 
-        master.speed_check_s, master.rebalance_min, master.rebalance_every = 0.01, 0.02, 0.1
+        master.speed_check_s = 0.01
+        master.owners.policy.min_s, master.owners.policy.every_s = 0.02, 0.1
         master.speed_window_s = 0.0
         rng = random.Random(f"litz.sim speeds {self.seed}")
         base: dict[str, float] = {}
