@@ -133,10 +133,21 @@ def test_resume_after_the_master_is_killed(tmp_path):
         os.kill(job.pid, signal.SIGKILL)  # the master (litz run) itself; its children die with it
         job.wait()
         wait_for(lambda: not [p for p in procs.procs if p.poll() is None], 10, "the job gone")
+    from litz.checkpoint import CheckpointStore
+
+    latest = CheckpointStore(str(ckpt)).complete(any_run=True)[0]
+    done_before = latest.part("driver.pkl")["tasks_completed"]
+    assert 0 < done_before < CHAINS * RESUME_STEPS  # killed part way: there is progress to carry over
+    out = tmp_path / "out.json"
     res = run_cli(["litz", "run", app_path("chains"), "--resume", str(ckpt), "--executors", "12",
-                   "--config", f"chains={CHAINS}", f"steps={RESUME_STEPS}", "sleep=0", "--no-progress"], timeout=90)
+                   "--config", f"chains={CHAINS}", f"steps={RESUME_STEPS}", "sleep=0", "--no-progress",
+                   "--output", str(out)], timeout=90)
     assert res.returncode == 0, res.stderr
     check_result(json.loads(res.stdout), steps=RESUME_STEPS)
+    # it went on from the newest complete checkpoint, not from the start: the driver's count came with it
+    resume = [e for e in events_of(out) if e["kind"] == "resume"]
+    assert len(resume) == 1 and resume[0]["checkpoint"] == latest.path and resume[0]["seq"] == latest.seq, resume
+    assert resume[0]["tasks_completed"] == done_before
 
 
 @pytest.mark.timeout(60)
