@@ -83,16 +83,25 @@ def test_a_server_lost_during_a_workers_recovery_restarts_it(tmp_path):
     assert "server s0 was lost during recovery; recovery starts over" in stderr
 
 
-def stopped_job_with_checkpoints(tmp_path, name: str, count: int = 3):
+def stopped_job_with_checkpoints(tmp_path, name: str, count: int = 3, keep: int = 5):
     """Run a job until it has ``count`` checkpoints, then stop it; returns the checkpoint directory."""
     ckpt = tmp_path / "ckpt"
     with Processes() as procs:
-        job = procs.start(job_args(name, str(ckpt), "--checkpoint-every", "0.2", "--checkpoint-keep", "5",
+        job = procs.start(job_args(name, str(ckpt), "--checkpoint-every", "0.2", "--checkpoint-keep", str(keep),
                                    steps=RESUME_STEPS))
         wait_for(lambda: (s := status(name)) and s["checkpoints"] >= count, 60, f"{count} checkpoints")
         assert ctl(name, "stop").returncode == 0
         job.communicate(timeout=30)
     return ckpt
+
+
+@pytest.mark.timeout(120)
+def test_only_the_newest_checkpoint_keep_checkpoints_stay(tmp_path):
+    ckpt = stopped_job_with_checkpoints(tmp_path, "keep-2", count=5, keep=2)
+    names = sorted(os.listdir(ckpt))
+    assert len(names) == 2 and all(n.startswith("ckpt-") for n in names), names  # no partial one left either
+    seqs = [int(n[5:]) for n in names]
+    assert seqs[1] == seqs[0] + 1 and seqs[1] >= 5, names  # the two newest of five or more
 
 
 def newest(ckpt) -> str:
