@@ -15,23 +15,64 @@ def app_path(name: str) -> str:
 
 
 def run_cli(args: list[str], timeout: float = 90, cwd: str = ROOT, **kw) -> subprocess.CompletedProcess:
-    """Run ``python -m litz.cli.<tool>`` in its own process group; the group is killed whatever happens."""
+    """Run ``python -m litz.cli.<tool>`` in its own process group. Once it has exited, nothing of its group may
+    outlive it (a grace of ``LEFTOVER_GRACE_S`` for children ending on their parent-death signal): a leftover
+    fails the test. The group is killed whatever happens, so nothing leaks either way."""
     tool = args[0]
     proc = subprocess.Popen([sys.executable, "-m", f"litz.cli.{tool}", *args[1:]], cwd=cwd, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, **kw)
+    left: list[str] = []
     try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            if proc.poll() is None:
+                raise
+            # it exited, but something of its group holds its stdout or stderr open
+            left, out, err = group_leftovers(proc.pid, within=0), "", "(its output is held by what it left)"
+        else:
+            left = group_leftovers(proc.pid)  # before anything is killed: a kill would hide them
+    finally:
+        _kill_group(proc)
+    assert not left, f"{' '.join(args)[:200]} exited and left processes behind: {left}\n{err[-3000:]}"
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+LEFTOVER_GRACE_S = 10.0  # children end on their launcher's death signal a moment after it, later when loaded
+
+
+def group_leftovers(pgid: int, within: float = LEFTOVER_GRACE_S) -> list[str]:
+    """The live processes of process group ``pgid`` (pid and command line) still there after up to ``within``
+    seconds; zombies do not count (they have ended, and only wait for their reaper)."""
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + within
+    while True:
+        left = []
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                    left.append(f"{p.pid}: {' '.join(p.info['cmdline'] or [])[:200]}")
+            except (psutil.Error, ProcessLookupError):
+                pass
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
 class Processes:
-    """Processes a test starts, each in its own process group; all groups are killed on exit."""
+    """Processes a test starts, each in its own process group; on exit nothing of them may be left, and all
+    groups are killed."""
 
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen] = []
@@ -48,18 +89,19 @@ class Processes:
         return self
 
     def __exit__(self, exc_type, *exc) -> None:
+        """On a passing test every process must have ended with its whole group (within ``LEFTOVER_GRACE_S``):
+        what is still there is a leftover and fails the test, after it is killed. A process the test means to
+        leave running, it kills itself. On a failing test everything is killed at once."""
+        left = [] if exc_type is not None else [pid for proc in self.procs for pid in group_leftovers(proc.pid)]
         for proc in self.procs:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
+            _kill_group(proc)
         if exc_type is not None:  # the test failed: what the processes said is the first clue
             for proc in self.procs:
                 if proc.stderr is not None and not proc.stderr.closed:
                     _, err = proc.communicate(timeout=10)
                     print(f"--- stderr of {' '.join(map(str, proc.args[2:]))[:200]}:\n{(err or '')[-6000:]}",
                           file=sys.stderr)
+        assert not left, f"processes left behind when the test ended: {left}"
 
 
 def run_in_fresh_process(body, timeout: float = 100) -> None:

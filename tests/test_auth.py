@@ -2,6 +2,7 @@
 import json
 import os
 import pickle
+import socket
 import subprocess
 import tempfile
 import time
@@ -18,8 +19,13 @@ from litz.security import curve_keypair
 from litz.transport import ZmqEndpoint
 from tests.helpers import Processes, app_path, wait_for
 
+HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                    | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
-def attacker_socket(ctx, address, mode):
+
+def attacker_socket(ctx, address, mode, secret="job-secret"):
+    """A DEALER that connects to ``address`` as "master" without the job's keys (``right-key``: with them, the
+    positive control), and a monitor of its handshakes, attached before it connects."""
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
     # a refused handshake leaves the DEALER without a peer, and its send would wait for one for ever
@@ -29,49 +35,73 @@ def attacker_socket(ctx, address, mode):
         pub, sec = curve_keypair("not the job secret")
         sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = pub, pub, sec
     elif mode == "server-key-only":  # knows the server's public key but not the job's key pair
-        pub, _ = curve_keypair("job-secret")
+        pub, _ = curve_keypair(secret)
         other_pub, other_sec = zmq.curve_keypair()
         sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = pub, other_pub, other_sec
+    elif mode == "right-key":
+        pub, sec = curve_keypair(secret)
+        sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = pub, pub, sec
+    monitor = sock.get_monitor_socket(HANDSHAKE_FAILED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
     sock.connect(address)
-    return sock
+    return sock, monitor
+
+
+def handshake(monitor, timeout: float = 10.0) -> str:
+    """How the first handshake on a monitored socket ended: "failed" or "succeeded" (it reached a socket)."""
+    from zmq.utils.monitor import recv_monitor_message
+
+    assert monitor.poll(int(timeout * 1000)), "no handshake at all: the attack never reached a socket"
+    event = recv_monitor_message(monitor)["event"]
+    if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+        return "succeeded"
+    assert event & HANDSHAKE_FAILED, f"not a handshake: {zmq.Event(event).name}"
+    return "failed"
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("mode", ["plain", "wrong-key", "server-key-only"])
+@pytest.mark.parametrize("mode", ["plain", "wrong-key", "server-key-only", "right-key"])
 def test_endpoint_rejects_strangers(mode):
+    """Strangers' handshakes fail and nothing of theirs is delivered; with the job's keys (the control) the
+    same message from the same socket is."""
     victim = ZmqEndpoint("victim", "job-secret")
     friend = ZmqEndpoint("friend", "job-secret")
     ctx = zmq.Context()
     try:
-        evil = attacker_socket(ctx, victim.address, mode)
+        evil, monitor = attacker_socket(ctx, victim.address, mode)
+        assert handshake(monitor) == ("succeeded" if mode == "right-key" else "failed")
         evil.send_multipart(wire.encode((P.STOP,)))
         friend.connect("victim", victim.address)
         friend.send("victim", ("hello", 1))
+        want = [("master", (P.STOP,))] * (mode == "right-key") + [("friend", ("hello", 1))]
         got, deadline = [], time.time() + 2.0
-        while time.time() < deadline:
+        while time.time() < deadline and len(got) < len(want):
             if victim.poll(100):
                 got.extend(victim.drain())
-        assert got == [("friend", ("hello", 1))]
+        assert sorted(got) == sorted(want)
     finally:
         ctx.destroy(linger=0)
         victim.close()
         friend.close()
 
 
-def attack(addresses: list[str], ctx: zmq.Context) -> None:
-    """Send STOP, FAIL and a pickled task batch to every address, without the job's keys."""
-    payloads = [wire.encode((P.STOP,)), wire.encode((P.FAIL, "attacker", "boom")),
-                [pickle.dumps((P.TASKS, [(0, 0, 0, "evil")]))]]
-    socks = [attacker_socket(ctx, a, mode) for a in addresses for mode in ("plain", "wrong-key")]
+PAYLOADS = [wire.encode((P.STOP,)), wire.encode((P.FAIL, "attacker", "boom")),
+            [pickle.dumps((P.TASKS, [(0, 0, 0, "evil")]))]]
+
+
+def attack(addresses: list[str], ctx: zmq.Context, modes=("plain", "wrong-key"), secret: str = "job-secret") -> list:
+    """Send STOP, FAIL and a pickled task batch to every address, without the job's keys; returns the sockets
+    and their handshake monitors (a socket closes when it is collected, and its monitor stops)."""
+    socks = [attacker_socket(ctx, a, mode, secret) for a in addresses for mode in modes]
     sent = 0
-    for sock in socks:
-        for frames in payloads:
+    for sock, _ in socks:
+        for frames in PAYLOADS:
             try:
                 sock.send_multipart(frames)
                 sent += 1
             except zmq.Again:  # no connection to queue it on: the job refused the handshake
                 pass
     assert sent, "no attack message could even be queued"
+    return socks
 
 
 def job_addresses(name: str, litz_home, count: int) -> list[str]:
@@ -99,7 +129,21 @@ def test_running_cluster_job_ignores_unauthenticated_peers(tmp_path, litz_home):
                 procs.start(["litz", role, "--name", name])
             addresses = job_addresses(name, litz_home, 4)
             assert all(a.startswith("tcp://") for a in addresses)
-            attack(addresses, ctx)
+            socks = attack(addresses, ctx)
+            # every attack reached a socket of the job and its handshake failed there
+            assert [handshake(m) for _, m in socks] == ["failed"] * 2 * len(addresses)
+            # the control: the same payloads with a job's keys are delivered (to a decoy, not to this job)
+            decoy = ZmqEndpoint("decoy", "decoy-secret")
+            try:
+                control = attack([decoy.address], ctx, modes=("right-key",), secret="decoy-secret")
+                assert [handshake(m) for _, m in control] == ["succeeded"]
+                got = []
+                wait_for(lambda: (decoy.poll(100) and got.extend(decoy.drain())) or len(got) == 3, 10,
+                         "the control's three payloads")
+                assert [(sender, msg[0]) for sender, msg in got] == [("master", P.STOP), ("master", P.FAIL),
+                                                                      ("master", P.TASKS)]
+            finally:
+                decoy.close()
             stdout, stderr = master.communicate(timeout=60)
             assert master.returncode == 0, stderr
             assert json.loads(stdout) == {"done": 3000}
@@ -124,7 +168,10 @@ def test_local_job_sockets_keep_other_users_out(tmp_path, litz_home):
         assert all(a.startswith(f"ipc://{directory}/") for a in addresses)
         info = os.stat(directory)
         assert (info.st_mode & 0o777, info.st_uid) == (0o700, os.getuid())
-        assert attack_as_nobody(addresses) == 0
+        assert attack_as_nobody(addresses) == 0  # and each of its connections was refused (below)
+        for address in addresses:  # the control: the job's own user reaches every one of those sockets
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.connect(address.removeprefix("ipc://"))
         stdout, stderr = job.communicate(timeout=60)
         assert job.returncode == 0, stderr
         assert json.loads(stdout) == {"done": 3000}
@@ -134,16 +181,24 @@ def test_local_job_sockets_keep_other_users_out(tmp_path, litz_home):
 
 def attack_as_nobody(addresses: list[str]) -> int:
     """From a forked child running as user nobody: connect to each address (ZeroMQ retries in the
-    background) and send the attack's payloads. Returns the child's exit status (0: it ran as nobody)."""
+    background) and send the attack's payloads. Returns the child's exit status: 0 when it ran as nobody and
+    the kernel refused it every socket (a plain connect fails with EACCES), 3 when one let it connect."""
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
             os.setgid(65534)
             os.setuid(65534)
-            attack(addresses, zmq.Context())  # queued for connections ZeroMQ keeps trying in the background
-            time.sleep(1.0)  # os._exit then leaves without closing the context
+            socks = attack(addresses, zmq.Context())  # queued for connections ZeroMQ keeps trying in the background
             code = 0
+            for address in addresses:
+                with socket.socket(socket.AF_UNIX) as sock:
+                    try:
+                        sock.connect(address.removeprefix("ipc://"))
+                        code = 3
+                    except PermissionError:
+                        pass
+            assert socks
         finally:
             os._exit(code)
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])

@@ -5,7 +5,7 @@ import time
 import psutil
 import pytest
 
-from tests.helpers import app_path, run_cli
+from tests.helpers import Processes, app_path, run_cli
 
 GOOD_EXECUTOR = "class E(litz.Executor):\n    def run_task(self, a):\n        return a\n"
 GOOD_DRIVER = ("class D(litz.Driver):\n    def dispatch_initial_tasks(self):\n        self.dispatch_task(0, 1)\n"
@@ -152,3 +152,26 @@ def test_executor_class_shipped_by_value_keeps_its_file_names(tmp_path):
 def test_driver_without_tasks_in_flight(tmp_path):
     app = write_app(tmp_path, "stalls", GOOD_EXECUTOR + GOOD_DRIVER.replace("self.finish(r)", "pass"))
     assert_clean_failure(run_app(app, "j-stall"), "no micro-tasks in flight", "j-stall", 2)
+
+
+ORPHAN_APP = GOOD_DRIVER + """\
+import subprocess
+class E(litz.Executor):
+    def load_input(self):
+        subprocess.Popen(["sleep", "120"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # outlives the job
+        raise ValueError("bad input")
+    def run_task(self, a):
+        return a
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_process_left_in_the_launchers_group_fails_the_test(tmp_path):
+    """The leftover checks of run_cli and Processes look before they kill: a process of the job's group that
+    outlives the launcher (here one the app started) fails the test instead of being killed unseen."""
+    app = write_app(tmp_path, "orphan", ORPHAN_APP)
+    with pytest.raises(AssertionError, match="left processes behind.*sleep 120"):
+        run_cli(["litz", "run", app, "--name", "j-orphan", "--no-progress"], timeout=60)
+    with pytest.raises(AssertionError, match="left behind when the test ended.*sleep 120"):
+        with Processes() as procs:
+            procs.start(["litz", "run", app, "--name", "j-orphan2", "--no-progress"]).wait(timeout=60)

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from litz.membership.etcdkv import RPC_TIMEOUT_S
 from litz.server import FORWARD_SETTLE_S
 from tests.helpers import Processes, app_path, run_cli, status, wait_for
 from tests.test_elasticity import CHAINS, STEPS, check_result, ctl
@@ -39,8 +40,8 @@ def test_cluster_job_with_joins_drains_and_bad_peers(etcd, tmp_path):
 
         bad_secret = tmp_path / "wrong.secret"
         bad_secret.write_text("not-the-job-secret")
-        intruder = run_cli(role("worker", e, name, "--secret-file", str(bad_secret), "--start-timeout", "3"),
-                           timeout=30)
+        intruder = run_cli(role("worker", e, name, "--id", "intruder", "--secret-file", str(bad_secret),
+                                "--start-timeout", "3"), timeout=30)
         assert intruder.returncode == 2 and "is the job secret right?" in intruder.stderr, intruder.stderr
 
         res = ctl(name, "scale", "--workers", "3", etcd=e)
@@ -54,8 +55,10 @@ def test_cluster_job_with_joins_drains_and_bad_peers(etcd, tmp_path):
         st = wait_for(three_balanced, 30, "a third worker to join and get executors")
         assert "intruder" not in json.dumps(st) and len(st["workers"]) == 3
 
-        etcd.proc.send_signal(signal.SIGSTOP)  # etcd unreachable for a moment: retried, nothing lost
-        time.sleep(1.0)
+        # etcd unreachable for longer than one call's timeout (RPC_TIMEOUT_S): calls fail and are retried, and no
+        # member is taken for lost (no recovery below); the sleep is the outage's length, not a wait
+        etcd.proc.send_signal(signal.SIGSTOP)
+        time.sleep(RPC_TIMEOUT_S + 1.5)
         etcd.proc.send_signal(signal.SIGCONT)
 
         res = ctl(name, "drain", st["workers"][0]["id"], etcd=e)
@@ -65,6 +68,7 @@ def test_cluster_job_with_joins_drains_and_bad_peers(etcd, tmp_path):
     check_result(json.loads(stdout), steps=STEPS_LONG)
     kinds = [ev["kind"] for ev in json.loads(out.read_text())["events"]]
     assert "scale_out" in kinds and "scale_in" in kinds
+    assert "registry_outage" in kinds and "recovery" not in kinds, kinds  # the outage was felt, and cost nothing
     assert ctl(name, "status", etcd=e).returncode == 2  # the job left the registry
 
 

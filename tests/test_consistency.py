@@ -2,8 +2,9 @@
 import pytest
 
 import litz
-from tests.apps.chains import DTYPES, SHAPE
+from tests.apps.chains import SHAPE
 from tests.helpers import app_path
+from tests.test_elasticity import check_result
 
 
 @pytest.mark.timeout(90)
@@ -15,16 +16,7 @@ def test_causal_chains_and_concurrent_updates(workers, servers, executors, shard
     chains, steps = 24, 30
     result = litz.run(app_path("chains"), workers=workers, servers=servers, executors=executors,
                       shards=shards, config={"chains": chains, "steps": steps, "shape": list(shape)})
-    assert result["violations"] == []
-    n = chains * steps
-    assert result["total"] == n
-    assert result["tasks_ran"] == n
-    assert result["missing"] is None
-    for d in DTYPES:
-        dtype, got_shape, total, low, high = result["arrays"][d]
-        assert dtype == d and tuple(got_shape) == shape
-        assert total == n * shape[0] * shape[1]
-        assert low == high == n  # every element got every update: none lost, doubled or overwritten
+    check_result(result, steps=steps, chains=chains, shape=shape)
 
 
 @pytest.mark.timeout(60)

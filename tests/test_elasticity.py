@@ -10,18 +10,27 @@ import signal
 import numpy as np
 import pytest
 
+from tests.apps.chains import DTYPES, SHAPE
 from tests.helpers import Processes, app_path, bare_server, run_cli, status, wait_for
 
 CHAINS, STEPS = 24, 150
 LONG = 400  # a job that outlasts a test's whole script of litzctl calls, even on a loaded machine
 
 
-def check_result(result: dict, steps: int = STEPS) -> None:
-    n = CHAINS * steps
+def check_result(result: dict, steps: int = STEPS, chains: int = CHAINS, shape: tuple = SHAPE) -> None:
+    """The chains app's result is exact: no consistency violation, every task ran once, and every update to
+    every key was applied exactly once (each array element got all n, so none was lost, doubled or
+    overwritten), while a key nobody updated stays absent."""
+    n = chains * steps
     assert result["violations"] == []
     assert result["total"] == n and result["tasks_ran"] == n
-    for dtype, shape, total, *_ in result["arrays"].values():
-        assert total == n * shape[0] * shape[1], dtype
+    assert result["missing"] is None
+    assert sorted(result["arrays"]) == sorted(DTYPES)
+    for d in DTYPES:
+        dtype, got_shape, total, low, high = result["arrays"][d]
+        assert dtype == d and tuple(got_shape) == tuple(shape), (d, dtype, got_shape)
+        assert total == n * shape[0] * shape[1], d
+        assert low == high == n, (d, low, high)
 
 
 def ctl(name: str, *args: str, etcd: str | None = None):

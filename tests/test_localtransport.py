@@ -78,11 +78,9 @@ def test_a_send_never_blocks_and_both_ways_at_once_do_not_deadlock(tmp_path, mon
     a, b = _pair(tmp_path, monkeypatch, rings=False)
     try:
         blob = np.ones(8 << 20, np.uint8)
-        t0 = time.monotonic()
-        for i in range(8):
+        for i in range(8):  # neither side reads yet: a blocking send would never return (the test's timeout)
             a.send("b", ("x", i, blob))
             b.send("a", ("y", i, blob))
-        assert time.monotonic() - t0 < 5.0
         assert a._peers["b"].queue and b._peers["a"].queue  # the kernel did not take it all: it waits, queued
         got_b, got_a = [], []
         deadline = time.monotonic() + 30

@@ -156,10 +156,11 @@ def test_pickles_with_its_driver() -> None:
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("staleness", [0, 2])
 def test_ssp_bound_through_real_processes(staleness):
-    """No task of iteration i runs before every task of iteration i-s-1 finished (and its updates are visible)."""
+    """No task of iteration i runs before every task of iteration i-s-1 finished (and its updates are visible),
+    and the run does go ahead by s iterations (executors 1x to 3x apart drift to the bound): SSP, not BSP."""
     import litz
     from tests.helpers import app_path
 
     result = litz.run(app_path("ssp_check"), workers=2, servers=1, executors=6,
                       config={"staleness": staleness, "iterations": 25})
-    assert result == {"bad": []}
+    assert result == {"bad": [], "max_spread": staleness}

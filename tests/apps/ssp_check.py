@@ -1,6 +1,7 @@
 """Test app: SSP through the real runtime. Each task of iteration i first reads the completion counter
 of iteration i-s-1, which must be complete (every executor's increment visible), then sleeps a little
-(executors drift apart) and increments the counter of its own iteration."""
+(executors drift apart) and increments the counter of its own iteration. The driver records how far ahead
+of the oldest unfinished iteration a task completed: exactly s once the executors drift, whatever s is."""
 import random
 import time
 
@@ -20,9 +21,11 @@ class SSPDriver(litz.Driver):
         iteration, seen = result
         if iteration - self.s - 1 >= 0 and seen != self.num_executors:
             self.bad.append([iteration, seen])
+        # how far this task ran ahead of the oldest unfinished iteration: s at most, and s once executors drift
+        self.max_spread = max(self.max_spread, iteration - self.ssp.finished_iterations)
         self.ssp.complete(iteration)
         if self.ssp.done:
-            self.finish({"bad": self.bad})
+            self.finish({"bad": self.bad, "max_spread": self.max_spread})
 
 
 class SSPExecutor(litz.Executor):
