@@ -285,7 +285,7 @@ def main() -> int:
                 print(f"{app} {policy}: " + ", ".join(
                     f"{p['phase']} {p['steady_epoch_s'] and round(p['steady_epoch_s'], 3)} s/epoch"
                     + (f" (react {p['react_s']} s, {p['rebalances']} rebalances)" if policy == "speed" else "")
-                    for p in r["phases"]) + f"; workers' CPU share at full speed {r['phases'][0]['workers_busy']}",
+                    for p in r["phases"]) + f"; workers busy at full speed {r['phases'][0]['workers_busy']}",
                     flush=True)
             summary = summarise(app, runs)
             entry = {"config": config, "summary": summary, "runs": runs}
