@@ -51,6 +51,7 @@ from apps.mlr.settings import THESIS_SGD
 
 CGROUP_ROOT = "/sys/fs/cgroup/cpu"
 PHASES = ((None, "full"), (0.25, "25%"), (0.50, "50%"), (None, "released"))
+SCHEDULE = {"mlr": "BSP", "kmeans": "BSP", "lda": "pipeline"}  # how each app's executors wait for each other
 QUIET_AFTER_S = 5.0  # a rebalance this long after a change is not a reaction to it
 
 WORKLOADS = {
@@ -318,8 +319,8 @@ def update_table(doc: dict, hook: bool) -> None:
         by = {row["phase"]: row for row in s["phases"]}
         sp = "; ".join(f"{q}: {by[q]['speed']['vs_ideal']}x ideal" for q in ("25%", "50%"))
         ev = "; ".join(f"{q}: {by[q]['even']['vs_ideal']}x ideal" for q in ("25%", "50%"))
-        rows[f"straggler {app} BSP 25%/50%/released ({how})"] = [
-            f"speed {sp}; reacted in {', '.join(str(r) for r in s['react_s'])} s; "
+        rows[f"straggler {app} ({SCHEDULE[app]}) 25%/50%/released ({how})"] = [
+            f"speed {sp}; reacted in {', '.join('none' if r is None else str(r) for r in s['react_s'])} s; "
             f"{s['quiet_rebalances_per_10s']} rebalances/10 s when steady",
             f"even {ev}", f"{by['25%']['speed']['vs_even']}x, {by['50%']['speed']['vs_even']}x",
             "speed <= 1.15x ideal, react < 5 s, <= 1 rebalance/10 s",
