@@ -92,6 +92,24 @@ class Driver:
         """End the job; ``result`` must be JSON-serialisable."""
         self._litz.finish(result)
 
+    def executor_speed(self, executor: int) -> float | None:
+        """How fast ``executor``'s tasks run now, in tasks per second, or None while that is not known.
+
+        Why: an app that sizes work by speed, as LB-BSP does (``x_i = v_i / sum(v) * X``: executor ``i`` gets that
+        share of the ``X`` units of an iteration), needs each executor's speed, and only the runtime sees where
+        executors run and how fast those workers are. The value is the executor's share of its worker's measured
+        throughput: the worker's speed (the one ``--placement speed`` follows and ``litzctl status`` shows: tasks
+        per second of the worker's running time, a CPU quota's throttling and a neighbour's turns included,
+        smoothed over a few seconds) divided by the executors the worker holds; an executor on its way to another
+        worker counts there. None before that worker has reported enough tasks (at the start, for a worker that
+        just joined or replaced a lost one) and in a runtime that does not measure (a test's stand-in).
+
+        It counts tasks, not work: a worker whose tasks are twice as big shows half the speed. An app that sizes
+        its tasks should multiply by the work per task of the executor's recent tasks (units per second), which
+        stays put when the sizes change (``apps.mlr``'s ``size_by_speed``). Cheap, and safe to call at any time."""
+        getter = getattr(self._litz, "executor_speed", None)
+        return None if getter is None else getter(executor)
+
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state.pop("_litz", None)

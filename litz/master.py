@@ -804,6 +804,18 @@ class Master(Process):
         self.result = check_json(result, "finish() result")
         self.finished = True
 
+    def executor_speed(self, executor: int) -> float | None:
+        """``Driver.executor_speed``: the measured speed of the worker that holds ``executor`` (the destination of a
+        move under way) divided by the executors it holds so; None before that worker's speed counts."""
+        if not isinstance(executor, (int, np.integer)) or not 0 <= executor < self.num_executors:
+            raise ValueError(f"executor_speed: executor must be an int in [0, {self.num_executors}), "
+                             f"got {executor!r}")
+        if len(self.executor_owner) != self.num_executors:  # not placed yet (or being re-placed by a recovery)
+            return None
+        where = [self.moving_executors.get(e, w) for e, w in enumerate(self.executor_owner)]
+        speed = self.speeds().get(where[int(executor)])
+        return None if speed is None else speed / where.count(where[int(executor)])
+
     # -- elasticity ----------------------------------------------------------------------------------
     def rebalance(self, kind: str, processes: list[str]) -> None:
         """Plan and start the moves that spread executors and shards over the active processes."""

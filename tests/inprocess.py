@@ -24,12 +24,15 @@ class InProcess:
     ``roundtrip``: before each task, replace its executor by a copy made from its pickled state, either whole
     ("evict", as out-of-core eviction does) or without ``input_attrs`` followed by ``load_input()``
     ("reload", as a move on scale-in or a restore from a checkpoint does).
+    ``speeds``: what ``Driver.executor_speed(e)`` returns, a dict executor -> tasks per second or a callable of
+    (executor, this runtime), as the master's measure would; None (the default) for every executor, as before
+    the first measurement.
     """
 
     def __init__(self, driver_cls: type, executor_cls: type, config: dict, num_executors: int, seed: int = 0,
-                 view: str = "dispatch", roundtrip: str | None = None) -> None:
+                 view: str = "dispatch", roundtrip: str | None = None, speeds=None) -> None:
         self.rng = random.Random(seed)
-        self.view_mode, self.roundtrip = view, roundtrip
+        self.view_mode, self.roundtrip, self.speeds = view, roundtrip, speeds
         self.executor_cls = executor_cls
         self.ps: dict = {}
         self.queue: list[tuple[int, object, dict]] = []
@@ -68,6 +71,11 @@ class InProcess:
 
     def finish(self, result: object) -> None:
         self.result, self.finished = result, True
+
+    def executor_speed(self, executor: int) -> float | None:
+        if callable(self.speeds):
+            return self.speeds(executor, self)
+        return None if self.speeds is None else self.speeds.get(executor)
 
     # executor context
     def ps_get(self, key):

@@ -167,3 +167,99 @@ def test_a_policy_object_given_to_litz_run_is_the_one_the_master_follows(tmp_pat
     doc = json.loads(out.read_text())
     [rebalance] = [e for e in doc["events"] if e["kind"] == "rebalance"]
     assert rebalance["speeds"] == {"w0": 3.0, "w1": 1.0} and rebalance["executors_moved"] == 4
+
+
+# ------------------------------------------------------------------------------------ Driver.executor_speed
+def test_executor_speed_is_the_worker_speed_shared_by_the_executors_it_holds(litz_home):
+    """The master's answer to Driver.executor_speed: unknown before the worker is measured, then its speed over the
+    executors it holds; an executor being moved counts at its destination; a bad executor is the driver's error."""
+    from litz.appload import load_app
+    from litz.master import Master
+    from litz.membership import Membership, connect_kv
+    from litz.placement import SpeedMeter
+
+    membership = Membership(connect_kv(home=str(litz_home)), "job")
+    master = Master(load_app(app_path("noop")), membership, "secret", config={}, num_executors=4,
+                    listen="tcp://127.0.0.1:0", wake=False)
+    try:
+        master.num_executors = 4
+        assert master.executor_speed(0) is None  # not placed yet
+        master.owners.place(["w0", "w1"], ["s0"], 4, 1)
+        master.owners.executor_moved(2, "w0")  # w0 holds 0, 1, 2; w1 holds 3
+        assert [master.executor_speed(e) for e in range(4)] == [None] * 4  # nobody measured
+
+        def measured(tasks: int, seconds: float) -> SpeedMeter:
+            meter = SpeedMeter(window_s=0.0)
+            meter.add(tasks, seconds, seconds, 0.0)
+            return meter
+
+        master.meters["w0"] = measured(60, 2.0)  # 30 tasks/s
+        master.meters["w1"] = measured(2, 0.2)  # too few tasks to count yet
+        assert [master.executor_speed(e) for e in range(4)] == [pytest.approx(10.0)] * 3 + [None]
+        master.meters["w1"] = measured(20, 2.0)  # 10 tasks/s
+        assert master.executor_speed(3) == pytest.approx(10.0)
+        master.owners.start_executor_move(2, "w1", copy_input=False)  # on its way: its next tasks run on w1, which will hold two
+        assert [master.executor_speed(e) for e in range(4)] == pytest.approx([15.0, 15.0, 5.0, 5.0])
+        master.owners.executor_moved(2, "w1")  # arrived
+        assert master.executor_speed(2) == pytest.approx(5.0)
+        master.forget("w1")  # lost: a replacement is not measured yet
+        assert master.executor_speed(3) is None and master.executor_speed(0) == pytest.approx(15.0)
+        for bad in (4, -1, "0", 1.0):
+            with pytest.raises(ValueError, match=r"executor_speed: executor must be an int in \[0, 4\)"):
+                master.executor_speed(bad)
+    finally:
+        master.close()
+
+
+def probe_rows(out, metrics) -> tuple[dict, list[dict]]:
+    doc = json.loads(out.read_text())
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return doc, [r for r in rows if "round" in r]
+
+
+@pytest.mark.timeout(120)
+def test_a_driver_sees_the_slow_workers_executors_slower(tmp_path):
+    """Even placement (nothing moves): executors 8..15 sit on w1, slowed to a quarter by the hook, and the driver's
+    executor_speed shows each of them at about a quarter of w0's executors' speed once both workers are measured."""
+    out, metrics = tmp_path / "out.json", tmp_path / "m.jsonl"
+    env = {**os.environ, "LITZ_TEST_SLOW_WORKER": "w1:0.75"}
+    res = run_cli(["litz", "run", app_path("speedprobe"), "--executors", "16", "--config", "rounds=40",
+                   "--output", str(out), "--metrics", str(metrics), "--no-progress"], env=env, timeout=100)
+    assert res.returncode == 0, res.stderr
+    _, rows = probe_rows(out, metrics)
+    assert rows[0]["speeds"] == [None] * 16  # nothing measured after the first round
+    known = [r for r in rows if None not in r["speeds"]]
+    assert len(known) >= 10, [r["speeds"] for r in rows]
+    for r in known[-5:]:
+        assert len(set(r["pids"][:8])) == 1 and set(r["pids"][:8]).isdisjoint(r["pids"][8:])  # w0's and w1's
+        fast, slow = r["speeds"][:8], r["speeds"][8:]
+        assert min(fast) > 2.5 * max(slow), r["speeds"]  # the hook: w1 at a quarter of w0's speed
+
+
+@pytest.mark.timeout(150)
+def test_under_speed_placement_the_executors_speeds_even_out(tmp_path):
+    """--placement speed: before the first rebalance the driver sees the slow worker's executors about 4x slower;
+    after the last one, w1 holds fewer executors, each of which the driver sees about as fast as w0's (the point of
+    the policy: an executor's share of its worker's speed is the same everywhere)."""
+    out, metrics = tmp_path / "out.json", tmp_path / "m.jsonl"
+    env = {**os.environ, "LITZ_TEST_SLOW_WORKER": "w1:0.75"}
+    res = run_cli(["litz", "run", app_path("speedprobe"), "--executors", "16", "--placement", "speed",
+                   "--config", "rounds=150", "--output", str(out), "--metrics", str(metrics), "--no-progress"],
+                  env=env, timeout=130)
+    assert res.returncode == 0, res.stderr
+    doc, rows = probe_rows(out, metrics)
+    rebalances = [e for e in doc["events"] if e["kind"] == "rebalance"]
+    assert rebalances, [e["kind"] for e in doc["events"]]
+    w1 = rows[0]["pids"][8]  # the first placement: contiguous blocks, w1 holds 8..15
+    before = [r for r in rows if None not in r["speeds"] and r["t"] < rebalances[0]["t"]]
+    for r in before:
+        fast = [s for s, p in zip(r["speeds"], r["pids"], strict=True) if p != w1]
+        slow = [s for s, p in zip(r["speeds"], r["pids"], strict=True) if p == w1]
+        assert min(fast) > 2.5 * max(slow), r["speeds"]
+    after = [r for r in rows if r["t"] > rebalances[-1]["end"] + 1.0]
+    assert len(after) >= 5, (len(rows), rebalances)
+    for r in after[1:]:  # a round after the last move: every executor ran where it is now
+        slow = [s for s, p in zip(r["speeds"], r["pids"], strict=True) if p == w1]
+        fast = [s for s, p in zip(r["speeds"], r["pids"], strict=True) if p != w1]
+        assert 1 <= len(slow) <= 5, r["pids"]
+        assert 0.5 < sum(slow) / len(slow) / (sum(fast) / len(fast)) < 2.0, r["speeds"]

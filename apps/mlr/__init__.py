@@ -35,8 +35,16 @@ Protocol (task arguments -> result dicts):
    batch size and ``l2`` for it, and the epoch length.
  * ``("train", iteration, iterations_per_epoch, batch_size, l2)`` -> summed loss, correct predictions and
    rows of the mini-batches run (measured before each step); the driver reports per-epoch loss and accuracy.
+   With ``size_by_speed=1`` two more arguments, ``first, count``: run mini-batches ``first .. first + count - 1``
+   of the executor's stream of shuffled passes over its own (apps/mlr/sizing.py).
  * ``("eval",)`` once all training completed, so it sees every update (the consistency rule) -> loss and
    correct counts of the final weights on the executor's training rows and its block of the test set.
+
+``size_by_speed=1`` (off by default) sizes each task by its executor's speed (``Driver.executor_speed``), as
+LB-BSP does: an iteration's ``executors x batches_per_task`` mini-batches are shared out in proportion to the
+executors' speeds, so a worker slowed by a noisy neighbour holds no iteration up, without moving any executor
+(``--placement speed`` moves executors instead; with both, the moves leave the speeds even and the sizes follow).
+The result then also holds ``batches_run`` (mini-batches each executor ran) and ``resizes``.
 
 With ``output=PATH`` the driver reads the final weights itself (``Driver.ps_get_many``, after the last
 evaluation completed) and writes them with the labels to that ``.npz`` (:mod:`apps.modelfile`).
@@ -45,6 +53,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -55,6 +64,7 @@ from litz.ssp import SSP
 from ..modelfile import model_path, save_model
 from . import data, model
 from .settings import Settings
+from .sizing import SpeedSizing, batch_starts
 
 
 def _train_args(iteration: int, executor: int, *, per_epoch: int, batch_size: int, l2: float) -> tuple:
@@ -134,13 +144,25 @@ class MLRDriver(litz.Driver):
         batches = max(math.ceil(r["rows"] / s.batch_size) for r in self.infos)
         self.per_epoch = max(1, math.ceil(batches / s.batches_per_task_for(self.num_executors)))
         self.epochs_run, self.plateau = 0, model.Plateau(s.tol, s.patience)
-        self.ssp = SSP(self, s.staleness, s.epochs * self.per_epoch,
-                       task_args=functools.partial(_train_args, per_epoch=self.per_epoch,
-                                                   batch_size=s.batch_size, l2=s.l2))
+        self.sizing = None
+        task_args = functools.partial(_train_args, per_epoch=self.per_epoch, batch_size=s.batch_size, l2=s.l2)
+        if s.size_by_speed:
+            self.sizing = SpeedSizing(self.num_executors, self.num_executors * s.batches_per_task_for(
+                self.num_executors))
+            task_args = self._sized_train_args
+        self.ssp = SSP(self, s.staleness, s.epochs * self.per_epoch, task_args=task_args)
         self.set_total(s.epochs, unit="epoch")  # the progress line: epoch 3/100 (the cap) and an ETA
         self.ssp.start()
         if self.ssp.done:  # epochs=0: evaluate the zero model
             self._start_eval()
+
+    def _sized_train_args(self, iteration: int, executor: int) -> tuple:
+        """``size_by_speed``: the task's mini-batches in proportion to the executor's speed (apps/mlr/sizing.py);
+        the shares are looked at once per iteration, as its first task is dispatched."""
+        if executor == 0:
+            self.sizing.resize([self.executor_speed(e) for e in range(self.num_executors)], time.time())
+        first, count = self.sizing.take(executor)
+        return ("train", iteration, self.per_epoch, self.settings.batch_size, self.settings.l2, first, count)
 
     def _train_done(self, result: dict) -> None:
         epoch = result["iteration"] // self.per_epoch
@@ -184,6 +206,7 @@ class MLRDriver(litz.Driver):
             "train_rows": int(train_rows),
             "test_rows": int(test_rows),
             "model": self.output,
+            **({"batches_run": list(self.sizing.taken), "resizes": self.sizing.resizes} if self.sizing else {}),
         })
 
     def _save_model(self) -> None:
@@ -235,12 +258,19 @@ class MLRExecutor(litz.Executor):
         return P[0], B[0]
 
     # -- tasks -----------------------------------------------------------------------------------------
-    def _train(self, iteration: int, per_epoch: int, batch_size: int, l2: float) -> dict[str, Any]:
+    def _train(self, iteration: int, per_epoch: int, batch_size: int, l2: float, first: int | None = None,
+               count: int = 0) -> dict[str, Any]:
         s = self.settings
         epoch, clock = divmod(iteration, per_epoch)
         batches = math.ceil(len(self.y) / batch_size)
-        order = np.random.default_rng([s.seed, 3, epoch, self.executor_id]).permutation(batches)
-        mine = order[clock * batches // per_epoch:(clock + 1) * batches // per_epoch] * batch_size
+
+        def order(p: int) -> np.ndarray:  # pass p over this executor's mini-batches
+            return np.random.default_rng([s.seed, 3, p, self.executor_id]).permutation(batches)
+
+        if first is None:  # this epoch's share of its mini-batches
+            mine = order(epoch)[clock * batches // per_epoch:(clock + 1) * batches // per_epoch] * batch_size
+        else:  # size_by_speed: the next ``count`` of its stream of passes
+            mine = np.array(batch_starts(first, count, batches, order) if batches else [], np.int64) * batch_size
         P, B = self._fetch()
         P0, B0 = P.copy(), B.copy()
         unseen = s.unseen_steps(self.num_executors)

@@ -23,7 +23,7 @@ DEFAULTS: dict[str, Any] = {
     "n": 200_000, "n_test": 20_000, "d": None, "classes": None, "seed": 0, "signal": 5.0,
     "epochs": 100, "tol": 1e-3, "patience": 3, "optimizer": "adagrad", "lr": None, "decay": None,
     "batch_size": None, "batches_per_task": None, "staleness": 2, "l2": None, "scale": True, "blocks": 8,
-    "output": None,
+    "output": None, "size_by_speed": False,
 }
 OPTIMIZERS = ("adagrad", "sgd")
 LR = {"adagrad": 0.1, "sgd": 0.5}  # default step size per optimiser
@@ -78,6 +78,7 @@ class Settings:
     scale: bool
     blocks: int
     output: str | None
+    size_by_speed: bool
 
     @classmethod
     def from_config(cls, config: dict | None) -> Settings:
@@ -95,6 +96,7 @@ class Settings:
             "batch_size": _opt_int(v, "batch_size", 1), "batches_per_task": _opt_int(v, "batches_per_task", 1),
             "staleness": _int(v, "staleness", 0), "l2": _opt_float(v, "l2", 0.0), "scale": _bool(v, "scale"),
             "blocks": _int(v, "blocks", 1), "output": _path(v, "output"),
+            "size_by_speed": _bool(v, "size_by_speed"),
         }
         if out["synthetic"] == (out["train"] is not None):
             raise ConfigError("apps.mlr needs exactly one of config 'train' (a .npz or libsvm file) "
