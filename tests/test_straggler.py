@@ -198,7 +198,7 @@ def test_executor_speed_is_the_worker_speed_shared_by_the_executors_it_holds(lit
         assert [master.executor_speed(e) for e in range(4)] == [pytest.approx(10.0)] * 3 + [None]
         master.meters["w1"] = measured(20, 2.0)  # 10 tasks/s
         assert master.executor_speed(3) == pytest.approx(10.0)
-        master.owners.start_executor_move(2, "w1", copy_input=False)  # on its way: its next tasks run on w1, which will hold two
+        master.owners.start_executor_move(2, "w1", copy_input=False)  # on its way to w1, which will hold two
         assert [master.executor_speed(e) for e in range(4)] == pytest.approx([15.0, 15.0, 5.0, 5.0])
         master.owners.executor_moved(2, "w1")  # arrived
         assert master.executor_speed(2) == pytest.approx(5.0)
