@@ -206,10 +206,19 @@ class SpeedMeter:
 
     Reports are pooled over a window because a CPU quota slows a process in stalls (25 ms running, then 75 ms
     frozen in each 100 ms period): one report of short tasks may hold no stall, the next one all of it.
-    The first ``warmup`` windows are dropped (a worker's first reports also hold loading its input)."""
+    The first ``warmup`` windows are dropped (a worker's first reports also hold loading its input).
 
-    def __init__(self, alpha: float = 0.2, clip: float = 3.0, window_s: float = 0.5, warmup: int = 0):
+    A step change (a quota set or lifted, a neighbour arriving) would take the EMA ten windows to follow, and the
+    policy would chase it in several small rebalances. So when ``confirm`` windows in a row all lie beyond ``jump``
+    times the estimate on the same side, the estimate jumps to their pooled mean: one odd window never does that,
+    and a real change is followed within ``confirm`` windows."""
+
+    def __init__(self, alpha: float = 0.2, clip: float = 3.0, window_s: float = 0.5, warmup: int = 0,
+                 jump: float = 1.6, confirm: int = 2):
         self.alpha, self.clip, self.window_s, self.warmup = alpha, clip, window_s, warmup
+        self.jump, self.confirm = jump, confirm
+        self._shifted: list[tuple[int, float, float]] = []  # windows in a row beyond ``jump``, on ``_side``
+        self._side = 0
         self.per_task: float | None = None
         self.cpu_per_task = 0.0
         self.tasks = 0
@@ -238,6 +247,17 @@ class SpeedMeter:
         if self.per_task is None:
             self.per_task, self.cpu_per_task = mean, cpu_mean
             return
+        side = 1 if mean > self.jump * self.per_task else -1 if mean * self.jump < self.per_task else 0
+        if side != self._side:
+            self._shifted, self._side = [], side
+        if side:
+            self._shifted.append((tasks, wall, cpu))
+            if len(self._shifted) >= self.confirm:  # a step change: follow it at once
+                n = sum(t for t, _, _ in self._shifted)
+                self.per_task = sum(w for _, w, _ in self._shifted) / n
+                self.cpu_per_task = sum(c for _, _, c in self._shifted) / n
+                self._shifted, self._side = [], 0
+                return
         a = self.alpha
         self.per_task += a * (min(mean, self.clip * self.per_task) - self.per_task)
         self.cpu_per_task += a * (min(cpu_mean, self.clip * self.per_task) - self.cpu_per_task)

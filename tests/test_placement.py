@@ -136,6 +136,25 @@ def test_speed_meter_pools_reports_over_a_window_so_quota_stalls_count_in_full()
     assert per_report.per_task < 0.8 * pooled.per_task  # what clipping each report alone would have made of it
 
 
+def test_speed_meter_follows_a_step_change_within_two_windows_but_not_one_odd_window():
+    m = SpeedMeter(window_s=0.0)
+    m.add(10, 1.0, 1.0)  # 0.1 s a task
+    m.add(10, 4.0, 1.0)  # one window 4x slower: clipped, EMA only
+    assert m.per_task <= 0.1 * 1.4 + 1e-12
+    m.add(10, 1.0, 1.0)  # back to normal: the odd window is forgotten
+    m.add(10, 4.0, 1.0)
+    before = m.per_task
+    assert before < 0.2
+    m.add(10, 4.0, 1.0)  # a second slow window in a row: a quota was set, follow it at once
+    assert m.per_task == pytest.approx(0.4)
+    m.add(10, 1.0, 1.0)
+    m.add(10, 1.0, 1.0)  # released: two fast windows in a row, back at once
+    assert m.per_task == pytest.approx(0.1)
+    for i in range(40):  # noise of +-40 % around the estimate never jumps: the EMA stays near the middle
+        m.add(10, 1.4 if i % 2 else 0.6, 1.0)
+    assert 0.08 < m.per_task < 0.12
+
+
 def test_speed_meter_drops_its_warmup_windows():
     m = SpeedMeter(window_s=0.0, warmup=1)
     m.add(1, 5.0, 5.0)  # the first report also holds loading the input
