@@ -56,6 +56,9 @@ class View:
     operation: bool = False  # a scale-out, scale-in or rebalance, one asked for, or a worker joining or leaving
     recovery: bool = False  # a recovery, a restore, or a checkpoint (taken, or waiting for the job to be quiet)
     moving: bool = False  # an executor or shard in flight
+    # an executor is stolen only with this many outstanding tasks: one may be running, the rest are queued (the
+    # simulator also takes 1, which moves executors whose only task may have started: the move waits for it)
+    min_outstanding: int = 2
 
 
 def agrees_with_speeds(after: dict[str, int], thief: str, victim: str, speeds: dict[str, float],
@@ -89,7 +92,8 @@ def decide(view: View) -> Steal | None:
     counts = {w: len(held[w]) for w in workers}
     speeds = {w: 1.0 / per_task[w] for w in workers}
     for victim in victims:
-        queued = {e: view.outstanding.get(e, 0) - 1 for e in held[victim] if view.outstanding.get(e, 0) >= 2}
+        queued = {e: view.outstanding.get(e, 0) - 1 for e in held[victim]
+                  if view.outstanding.get(e, 0) >= max(view.min_outstanding, 1)}
         if not queued:
             continue
         eid = max(queued, key=lambda e: (queued[e], view.oldest.get(e, -1), -e))
@@ -123,6 +127,7 @@ class Stealing:
         self.master = master
         self.threshold, self.cost_s, self.check_s = threshold, cost_s, check_s
         self.learn = True  # the cost follows measured steal durations (the simulator fixes it instead)
+        self.min_outstanding = 2  # see View.min_outstanding
         self.executor_of: dict[int, int] = {}  # task id -> executor, for tasks routed and not completed
         self.tasks: dict[int, deque[int]] = defaultdict(deque)  # executor -> its outstanding task ids, oldest first
         self.current: tuple[Steal, float] | None = None  # the steal in flight, and when it started
@@ -193,7 +198,7 @@ class Stealing:
         rec = m.recovery
         return View(
             owner=m.executor_owner, outstanding={e: len(q) for e, q in self.tasks.items()},
-            oldest={e: q[0] for e, q in self.tasks.items()}, workers=workers,
+            oldest={e: q[0] for e, q in self.tasks.items()}, workers=workers, min_outstanding=self.min_outstanding,
             per_task={w: 1.0 / speeds[w] for w in workers if w in speeds}, cost_s=self.cost_s,
             threshold=self.threshold, steal_in_flight=self.current is not None,
             operation=(m.operation is not None or m.deferred_scale is not None or bool(m.pending("worker"))
