@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from . import clock
-from .placement import predicted_step, quotas
+from .placement import quotas
 
 if TYPE_CHECKING:
     from .master import Master
@@ -61,16 +61,17 @@ class View:
     min_outstanding: int = 2
 
 
-def agrees_with_speeds(after: dict[str, int], thief: str, victim: str, speeds: dict[str, float],
-                       threshold: float) -> bool:
-    """Whether ``after`` (executors per worker once ``thief`` has taken one of ``victim``'s) is what a rebalance at
-    ``speeds`` would keep: the steal is one of its moves (the thief at or under its quota, the victim at or over
-    its own), or the predicted step stays within ``threshold`` of the quotas' step (a gain too small to act on)."""
-    ranked = sorted(after, key=lambda w: (-after[w], w))  # as the plan ranks them, so the quotas are the plan's
-    quota = quotas(sum(after.values()), ranked, speeds)
-    if after[thief] <= quota[thief] and after[victim] >= quota[victim]:
-        return True
-    return predicted_step(after, speeds) <= (1 + threshold) * predicted_step(quota, speeds)
+def toward_quotas(after: dict[str, int], thief: str, victim: str, speeds: dict[str, float], threshold: float) -> bool:
+    """Whether ``after`` (executors per worker once ``thief`` has taken one of ``victim``'s) is still on the way to
+    the quotas of ``speeds`` shaded by ``threshold`` against the steal: the thief ``threshold`` slower, the victim
+    that much faster. The thief then holds no more than its quota and the victim no less, so a rebalance at these
+    speeds never moves the executor back; and taking it back needs the speeds to move past the threshold both
+    ways: the hysteresis a rebalance has, for one executor (one move of ``c`` shortens a step by ``1 / c`` at most,
+    so a threshold on the step alone would forbid every steal from a worker with more than ten)."""
+    shaded = {**speeds, thief: speeds[thief] / (1 + threshold), victim: speeds[victim] * (1 + threshold)}
+    ranked = sorted(after, key=lambda w: (-after[w], w))  # as the plan ranks them
+    quota = quotas(sum(after.values()), ranked, shaded)
+    return after[thief] <= quota[thief] and after[victim] >= quota[victim]
 
 
 def decide(view: View) -> Steal | None:
@@ -104,7 +105,7 @@ def decide(view: View) -> Steal | None:
             after = dict(counts)
             after[victim] -= 1
             after[thief] += 1
-            if agrees_with_speeds(after, thief, victim, speeds, view.threshold):
+            if toward_quotas(after, thief, victim, speeds, view.threshold):
                 return Steal(eid, victim, thief, queued[eid], backlog_s)
     return None
 

@@ -33,10 +33,10 @@ def test_an_idle_worker_takes_the_executor_with_the_most_queued_tasks_from_the_o
 def test_the_fastest_idle_worker_steals_from_the_worker_with_the_longest_backlog():
     owner = ["w0"] * 4 + ["w1"] * 4 + ["w2"] * 4 + ["w3"] * 4
     outstanding = {4: 2, 5: 2, 8: 3, 9: 3, 10: 2}  # w1: 4 tasks, w2: 8 tasks
-    per_task = {"w0": 0.01, "w1": 0.01, "w2": 0.01, "w3": 0.008}
+    per_task = {"w0": 0.01, "w1": 0.01, "w2": 0.02, "w3": 0.008}
     steal = decide(View(owner, outstanding, ["w0", "w1", "w2", "w3"], per_task, cost_s=0.01))
     assert (steal.victim, steal.thief) == ("w2", "w3")
-    # a victim behind by its slowness, not its count: w1's 4 tasks at 50 ms outweigh w2's 8 at 10 ms
+    # a victim behind by its slowness, not its count: w1's 4 tasks at 50 ms outweigh w2's 8 at 20 ms
     steal = decide(View(owner, outstanding, ["w0", "w1", "w2", "w3"], {**per_task, "w1": 0.05}, cost_s=0.01))
     assert steal.victim == "w1"
 
@@ -74,39 +74,46 @@ def test_no_steal_until_every_worker_has_a_measured_speed():
     assert decide(view(per_task={"w1": SLOW})) is None
 
 
-def test_equally_fast_workers_never_steal_from_a_balanced_placement():
+def test_a_steal_moves_toward_the_quotas_with_hysteresis_so_equally_fast_workers_never_steal():
     equal = {"w0": 0.01, "w1": 0.01}
-    # a long queue and an idle worker: 8 + 8 -> 9 + 7 would make the step 12.5 % longer, past the threshold
+    # a long queue and an idle worker: 8 + 8 -> 9 + 7 is past the thief's quota
     assert decide(view(per_task=equal, outstanding={9: 10, 10: 10})) is None
-    # with 16 + 16 one steal stays within the threshold of the best placement (17/16 = 6 %), a second does not
-    owner = ["w0"] * 16 + ["w1"] * 16
-    steal = decide(View(owner, {20: 10, 21: 10}, ["w0", "w1"], equal))
-    assert steal is not None
-    owner[steal.executor] = "w0"
-    assert decide(View(owner, {20: 10, 21: 10}, ["w0", "w1"], equal)) is None
-    # a faster thief may take more: the step gets shorter with each steal until the quotas of the speeds
+    assert decide(View(["w0"] * 32 + ["w1"] * 32, {40: 10, 41: 10}, ["w0", "w1"], equal)) is None
+    # a faster thief takes one executor at a time up to its quota with the speeds shaded by 10 % against it
+    # (12 + 4; the speeds' own quotas are 13 + 3, which the next rebalance completes)
     owner, taken = ["w0"] * 8 + ["w1"] * 8, 0
     while (steal := decide(View(owner, {e: 5 for e in range(16) if owner[e] == "w1"}, ["w0", "w1"],
                                 {"w0": FAST, "w1": SLOW}))) is not None:
         owner[steal.executor] = steal.thief
         taken += 1
-    assert counts(owner) == {"w0": 14, "w1": 2} and taken == 6  # 13/3 is proportional; 14/2 within 10 % of it
+    assert counts(owner) == {"w0": 12, "w1": 4} and taken == 4
+    # the same with many executors: a single move shortens the step by little, and steals still go on
+    owner = ["w0"] * 32 + ["w1"] * 32
+    while (steal := decide(View(owner, {e: 5 for e in range(64) if owner[e] == "w1"}, ["w0", "w1"],
+                                {"w0": FAST, "w1": SLOW}))) is not None:
+        owner[steal.executor] = steal.thief
+    assert counts(owner) == {"w0": 49, "w1": 15}  # 51.2 + 12.8 at the measured speeds
+    # from 13 + 3 the slowed worker, idle now and then, takes none back while the speeds hold or move a little
+    owner = ["w0"] * 13 + ["w1"] * 3
+    busy_w0 = {e: 5 for e in range(13)}
+    assert decide(View(owner, busy_w0, ["w0", "w1"], {"w0": FAST, "w1": SLOW})) is None
+    assert decide(View(owner, busy_w0, ["w0", "w1"], {"w0": SLOW / 3.0, "w1": SLOW})) is None  # quotas 12 + 4
+    assert decide(View(owner, busy_w0, ["w0", "w1"], {"w0": SLOW / 2.5, "w1": SLOW})).thief == "w1"
 
 
 def test_what_a_steal_leaves_is_kept_by_the_next_plan_and_the_next_rebalance():
+    adopted = {"w0": 100.0, "w1": 100.0}  # a rebalance adopted these while both were as fast
+    owner = ["w0"] * 8 + ["w1"] * 8
+    steal = decide(view())  # w1 has slowed to a quarter since
+    owner[steal.executor] = steal.thief
+    # with the weights the rebalance adopted, the plan at the end of any operation would move it straight back
+    assert [m[1:] for m in plan_moves(owner, {}, ["w0", "w1"], weights=adopted)] == [("w0", "w1")]
     speeds = {"w0": 1 / FAST, "w1": 1 / SLOW}
-    owner = ["w0"] * 13 + ["w1"] * 3  # the quotas of a rebalance at these speeds
-    assert speed_plan(owner, {}, ["w0", "w1"], speeds) == []
-    steal = decide(View(owner, {13: 6, 14: 4, 15: 2}, ["w0", "w1"], {"w0": FAST, "w1": SLOW}))
-    assert steal is not None and steal.thief == "w0"
-    owner[steal.executor] = "w0"
-    # with the weights a rebalance adopted, the plan at the end of any operation would move it straight back
-    assert [m[1:] for m in plan_moves(owner, {}, ["w0", "w1"], weights=speeds)] == [("w0", "w1")]
     weights = steal_weights(counts(owner), speeds)
     assert plan_moves(owner, {}, ["w0", "w1"], weights=weights) == []
     assert sum(weights.values()) == pytest.approx(sum(speeds.values()))  # the rebalance's unit
-    # nor does the next rebalance at the same speeds undo it (a gain under the threshold)
-    assert speed_plan(owner, {}, ["w0", "w1"], speeds) == []
+    # and the next rebalance at the measured speeds moves on in the same direction, never back
+    assert {m[1:] for m in speed_plan(owner, {}, ["w0", "w1"], speeds)} == {("w1", "w0")}
 
 
 def test_no_steal_is_ever_moved_back_by_a_plan_or_undone_by_a_rebalance_at_the_same_speeds():
