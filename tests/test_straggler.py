@@ -7,6 +7,7 @@ stealing tests show an idle worker taking executors from the slowed one between 
 equally fast workers."""
 import json
 import os
+import re
 
 import pytest
 
@@ -279,6 +280,8 @@ def test_an_idle_worker_steals_from_a_slow_one_and_the_result_stays_exact(tmp_pa
                            "--output", str(out), "--no-progress"], env=env)
         st = wait_for(lambda: (s := status(name)) and s["steals"] >= 1 and s, 60, "a steal counted in the status")
         assert st["stealing"] is True and st["placement"] == "speed"
+        shown = run_cli(["litzctl", "--name", name, "status"])
+        assert shown.returncode == 0 and re.search(r"\(speed placement, \d+ steals?\)", shown.stdout), shown.stdout
         _, err = job.communicate(timeout=150)
         assert job.returncode == 0, err
     doc = json.loads(out.read_text())
