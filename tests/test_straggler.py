@@ -309,3 +309,15 @@ def test_equally_fast_workers_do_not_steal(tmp_path):
     assert doc["result"]["violations"] == [] and doc["result"]["total"] == 3 * 60
     kinds = [e["kind"] for e in doc["events"]]
     assert "steal" not in kinds and "rebalance" not in kinds, doc["events"]
+
+
+def test_stealing_without_speed_placement_is_refused():
+    res = run_cli(["litz", "run", app_path("chains"), "--steal", "--no-progress"])
+    assert res.returncode != 0
+    assert res.stderr.strip().splitlines()[-1].endswith("stealing needs --placement speed: a steal moves the quotas "
+                                                        "the workers' speeds set"), res.stderr
+    import litz
+    from litz.errors import LitzError
+
+    with pytest.raises(LitzError, match="stealing needs --placement speed"):
+        litz.run(app_path("chains"), workers=1, steal=True, progress=False)
