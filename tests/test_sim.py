@@ -131,7 +131,7 @@ def test_a_planted_steal_that_keeps_the_old_quotas_is_caught(monkeypatch):
 
     def start(self, steal):
         self.current = (steal, clock.time())
-        self.master.copying_input[steal.executor] = steal.thief
+        self.master.owners.start_executor_move(steal.executor, steal.thief, copy_input=True)
         self.master.start_copies()
 
     monkeypatch.setattr(stealing.Stealing, "start", start)
