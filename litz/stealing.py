@@ -9,7 +9,7 @@ it keeps the consistency rule as a rebalance does. Why each rule: docs/design.md
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -45,7 +45,7 @@ class View:
     workers. ``per_task``: measured seconds per task of each worker that has a speed. ``cost_s``: what a move is
     expected to cost. The flags: why no steal may start now."""
 
-    owner: list[str]
+    owner: Sequence[str]
     outstanding: Mapping[int, int]
     workers: list[str]
     per_task: Mapping[str, float]
