@@ -21,7 +21,7 @@ from .outofcore import parse_bytes
 
 JOB_OPTIONS = {"name", "etcd", "shards", "output", "metrics", "progress", "start_timeout", "home", "checkpoint_dir",
                "checkpoint_every", "checkpoint_keep", "resume", "partial_recovery", "priority_checkpoint",
-               "memory_limit", "server_memory_limit", "driver", "executor", "placement"}
+               "memory_limit", "server_memory_limit", "driver", "executor", "placement", "steal"}
 
 
 def positive_int(value: Any, what: str) -> int:
@@ -56,7 +56,7 @@ def run_job(app: App, membership: Membership, secret: str, *, config: dict | Non
             checkpoint_dir: str | None = None, checkpoint_every: float | None = None, checkpoint_keep: int = 3,
             resume: bool = False, partial_recovery: bool = False, priority_checkpoint: float | None = None,
             memory_limit: int | str | None = None, home: str | None = None, placement: Any = "even",
-            **endpoint: Any) -> Any:
+            steal: bool | None = None, **endpoint: Any) -> Any:
     """Run the job to ``finish()`` and return its result; every process is told to stop on every way out.
 
     ``publish_secret``: put the job secret in the registry, where joining processes and litzctl (which signs
@@ -76,7 +76,7 @@ def run_job(app: App, membership: Membership, secret: str, *, config: dict | Non
                     checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume,
                     partial_recovery=partial_recovery, priority_checkpoint=priority_checkpoint,
                     memory_limit=parse_bytes(memory_limit) if memory_limit is not None else None,
-                    placement=placement, **endpoint)
+                    placement=placement, steal=steal, **endpoint)
     result: Any = None
     try:
         master.register()

@@ -38,6 +38,7 @@ from .owners import Placement
 from .placement import Policy, SpeedMeter, leaving_first, make_policy
 from .process import Process, plausible_id
 from .recovery import CorruptCheckpoint, Recovery, RepeatedWarning, warn
+from .stealing import Stealing
 
 MEMBERSHIP_CHECK_S = 0.5
 LOSS_CHECK_S = 0.02  # local children's exits and dropped connections: seen at once, not at the next registry read
@@ -120,18 +121,24 @@ class Master(Process):
                  checkpoint_every: float | None = None, checkpoint_keep: int = 3, resume: bool = False,
                  partial_recovery: bool = False, priority_checkpoint: float | None = None,
                  memory_limit: int | None = None, wake: bool = True, placement: str | Policy = "even",
-                 **endpoint: Any):
+                 steal: bool | None = None, **endpoint: Any):
         """``wake``: open the UDP socket litzctl pings (see :func:`open_wake_socket`); without it requests are
         polled only. ``placement``: a policy's name in :data:`litz.placement.POLICIES` (``even``, or ``speed``:
-        executors follow the workers' measured speeds) or a policy object. ``endpoint``:
-        :class:`litz.process.Process`'s listen address arguments."""
+        executors follow the workers' measured speeds) or a policy object. ``steal``: idle workers take executors
+        with queued tasks between rebalances (default: where the policy takes steals, as ``speed`` does).
+        ``endpoint``: :class:`litz.process.Process`'s listen address arguments."""
         policy = make_policy(placement)
+        steals = getattr(policy, "takes_steals", False)
+        if steal and not steals:
+            raise LitzError("stealing needs --placement speed: a steal moves the quotas the workers' speeds set")
         super().__init__("master", membership, secret, **endpoint)
         # the one owner of the executor and shard maps and the moves in flight (docs/design.md, "Placement policy")
         self.owners = Placement(policy)
         self.meters: dict[str, SpeedMeter] = {}  # worker -> its smoothed time per task (DONE's timing)
         self.speed_check_s = SPEED_CHECK_S
         self.speed_window_s = SPEED_WINDOW_S
+        # docs/design.md, "Placement policy": stealing between rebalances
+        self.stealing = Stealing(self, policy.threshold) if steals and steal is not False else None
         self.app = app
         self.config = config
         self.requested_executors = num_executors
@@ -320,6 +327,8 @@ class Master(Process):
         self.check_retirements()
         self.recovery.tick()
         self.flush_outbox()
+        if self.stealing is not None:
+            self.stealing.tick()
         if self.started:
             self.check_progress()
 
@@ -547,6 +556,8 @@ class Master(Process):
         self.map_dirty = False
         self.in_flight = self.sent_in_flight = 0
         self.started = False
+        if self.stealing is not None:
+            self.stealing.reset()
         for member in (*self.workers.values(), *self.servers.values()):
             member.retire_sent = False
 
@@ -664,6 +675,8 @@ class Master(Process):
 
     def on_done(self, results: list) -> None:
         driver = self.driver
+        if self.stealing is not None:
+            self.stealing.done(results)
         with app_code("driver handle_task_completion"):  # once for the batch: this runs for every task
             for _tid, result in results:
                 if self.finished:
@@ -778,6 +791,8 @@ class Master(Process):
         else:
             self.outbox[self.executor_owner[eid]].append(task)
             self.sent_in_flight += 1
+            if self.stealing is not None:
+                self.stealing.sent(task)
 
     def release_paused(self) -> None:
         tasks, self.paused_tasks = self.paused_tasks, []
@@ -915,6 +930,8 @@ class Master(Process):
         if self.operation:
             self.operation.bytes += nbytes
             self.operation.executors_moved += 1
+        if self.stealing is not None:
+            self.stealing.moved(eid, dest, nbytes)
         if self.channel_busy.get((src, dest)) == eid:
             del self.channel_busy[(src, dest)]
             if self.start_copies():
@@ -1326,7 +1343,8 @@ class Master(Process):
             "progress": self.joblog.progress_now(),  # Driver.set_total: {unit, done, total, eta_s}
             "compiling": self.compiling_now(),  # process -> the numba kernel it compiles (a cold cache)
             "waiting": self.waiting_for() if self.state == "waiting" else None,
-            "placement": self.placement,
+            "placement": self.placement, "stealing": self.stealing is not None,
+            "steals": self.stealing.count if self.stealing is not None else 0,
             "workers": [{"id": m.ident, "pid": m.info.get("pid"), "host": m.info.get("host"), "state": m.state,
                          "address": m.info.get("address"),
                          "executors": owned.get(m.ident, []), "memory": m.stats.get("rss"),

@@ -143,6 +143,7 @@ class EvenPolicy:
 
     name = "even"
     uses_speeds = False
+    takes_steals = False
 
     def weights(self) -> dict[str, float] | None:
         return None
@@ -161,6 +162,7 @@ class SpeedPolicy:
 
     name = "speed"
     uses_speeds = True
+    takes_steals = True  # litz.stealing: idle workers take executors between rebalances (see follow())
 
     def __init__(self, threshold: float = 0.1, min_s: float = 2.0, every_s: float = 10.0):
         self.threshold, self.min_s, self.every_s = threshold, min_s, every_s
@@ -183,6 +185,12 @@ class SpeedPolicy:
             return False
         self.adopted, self.adopted_at = speeds, now
         return True
+
+    def follow(self, weights: dict[str, float]) -> None:
+        """Adopt ``weights`` without a rebalance: a steal (:mod:`litz.stealing`) moved an executor, and these make the
+        quotas the executor counts it left, so no plan moves it back. The rebalance period still runs from the last
+        adoption; the next one settles the steal as any placement."""
+        self.adopted = dict(weights)
 
 
 # the policies by name: what --placement and placement= take (register another here)

@@ -115,6 +115,30 @@ def test_ssp_schedules_interleave_tasks_of_one_executor_and_pass(monkeypatch):
     assert max(most.values()) > 1  # tasks of one executor did interleave
 
 
+def test_speed_schedules_steal_and_pass():
+    """Under ``speed`` idle workers steal executors (docs/design.md, "Placement policy"), interleaved with the other
+    events; every check holds, and after each steal the master's next plan leaves the executor where it went."""
+    outcomes = [run_schedule(s, placement="speed") for s in range(60)]
+    assert [o.violations for o in outcomes if o.violations] == []
+    stealing = [o for o in outcomes if o.events["steal"]]
+    assert len(stealing) >= 4, [dict(o.events) for o in outcomes]
+    assert any(o.events["rebalance"] for o in stealing) and any(o.events["scale"] for o in stealing)
+
+
+def test_a_planted_steal_that_keeps_the_old_quotas_is_caught(monkeypatch):
+    """A steal that left the adopted weights as they were: the next plan moves the executor straight back."""
+    from litz import clock, stealing
+
+    def start(self, steal):
+        self.current = (steal, clock.time())
+        self.master.owners.start_executor_move(steal.executor, steal.thief, copy_input=True)
+        self.master.start_copies()
+
+    monkeypatch.setattr(stealing.Stealing, "start", start)
+    found = [v for s in range(29, 60) for v in run_schedule(s, placement="speed").violations]
+    assert found and all(v.startswith("ping-pong: ") for v in found), found
+
+
 def test_a_planted_member_loss_on_an_unsettled_registry_is_caught(monkeypatch):
     """Taking a registry just back from an empty data directory for settled (R3): a sender drops messages to a
     member that has not written its key again (M4), or the master takes it for lost; the job hangs, recovers
@@ -217,6 +241,6 @@ def test_a_thousand_schedules_pass():
     summary = lines[-1]
     assert summary.startswith("litz.sim: 1000 schedules") and "; 0 with violations" in summary
     counts = {kind: int(n) for kind, n in re.findall(r"(\w+) (\d+)[,;)( ]", summary.split("events: ", 1)[1])}
-    for kind in ("scale", "drain", "kill", "checkpoint", "memory", "registry", "recovery", "evict"):
+    for kind in ("scale", "drain", "kill", "checkpoint", "memory", "registry", "recovery", "evict", "steal"):
         assert counts[kind] > 20, summary
     assert counts["partial_recovery"] > 0, summary

@@ -62,6 +62,8 @@ def _job_options(p: argparse.ArgumentParser) -> None:
                    "shards and keep every other parameter and executor as it is (less rework, not exact)")
     p.add_argument("--placement", choices=list(POLICIES), default="even", help="how executors are spread over "
                    "workers: evenly by count (default), or in proportion to each worker's measured speed")
+    p.add_argument("--steal", action=argparse.BooleanOptionalAction, help="with --placement speed: between "
+                   "rebalances an idle worker takes an executor with queued tasks from one behind (default: on)")
     p.add_argument("--priority-checkpoint", type=float, metavar="R", help="SCAR: every R x --checkpoint-every, "
                    "save the fraction R of parameters that changed most into a running checkpoint")
 
@@ -118,7 +120,7 @@ def job_options(args: argparse.Namespace) -> dict:
     return {"checkpoint_dir": args.checkpoint_dir or args.resume, "checkpoint_every": args.checkpoint_every,
             "checkpoint_keep": args.checkpoint_keep, "resume": bool(args.resume),
             "partial_recovery": args.partial_recovery, "priority_checkpoint": args.priority_checkpoint,
-            "memory_limit": args.memory_limit, "placement": args.placement}
+            "memory_limit": args.memory_limit, "placement": args.placement, "steal": args.steal}
 
 
 def print_result(app: App, result: Any, output: str | None) -> None:

@@ -103,7 +103,9 @@ def format_list(keys: dict, ended: list[dict], now: float) -> str:
 def format_status(st: dict) -> str:
     lines = [f"job {st['name']} ({st['app']}): {st['state']}, {st['elapsed_s']:.1f} s, version {st['version']}, "
              f"{st['tasks_completed']} tasks, {st['tasks_per_s']:,.0f} tasks/s",
-             f"  {st['executors']} executors ({st.get('placement', 'even')} placement), {st['shards']} shards; "
+             f"  {st['executors']} executors ({st.get('placement', 'even')} placement"
+             + (f", {st['steals']} steal{'s' * (st['steals'] != 1)}" if st.get("stealing") else "")
+             + f"), {st['shards']} shards; "
              "last report: "
              + (", ".join(f"{k}={v}" for k, v in st.get("report", {}).items()) or "none")]
     if st.get("compiling"):  # a cold numba cache (litz.kernels)

@@ -23,7 +23,7 @@ from .world import InlinePool, SimEndpoint, SimKV, SimProcess, World
 EVENTS = ("scale", "drain", "kill", "checkpoint", "memory", "registry")
 EVENTS_BEFORE_REGISTRY = EVENTS[:5]  # the kinds the plans of the recorded bug replays were drawn from
 # what the events led to, counted from the job's events
-OUTCOMES = ("recovery", "partial_recovery", "evict", "rebalance")
+OUTCOMES = ("recovery", "partial_recovery", "evict", "rebalance", "steal")
 JOB = "sim"
 SECRET = "sim"  # the job secret of every simulated process (sim:// carries no keys; requests are signed with it)
 TIME_LIMIT_S = 900.0  # simulated: a schedule still running by then has hung
@@ -176,6 +176,26 @@ class Schedule:
         master.speed_check_s = 0.01
         master.owners.policy.min_s, master.owners.policy.every_s = 0.02, 0.1
         master.speed_window_s = 0.0
+        if master.stealing is not None:  # a move's cost on simulated time: fixed, as tasks take none
+            st = master.stealing
+            st.cost_s, st.check_s, st.learn = 0.002, 0.005, False
+            # most schedules run one task per executor at a time: half of them also steal an executor whose only
+            # task may have started, so steals happen in every kind of schedule
+            st.min_outstanding = random.Random(f"litz.sim steal {self.seed}").choice([1, 2])
+            moved = st.moved
+
+            def no_way_back(eid: int, dest: str, nbytes: int) -> None:
+                steal = st.current[0] if st.current is not None and st.current[0].executor == eid else None
+                moved(eid, dest, nbytes)
+                thief = master.workers.get(steal.thief) if steal else None
+                if thief is None or thief.state != "active":
+                    return  # the thief began to leave after its executor set off: it moves on, as every one there
+                back = [m for m in master.plan()[0] if m[1:] == (steal.thief, steal.victim)]
+                if back:  # the adopted quotas must keep what a steal did (docs/design.md, "Placement policy")
+                    checks.violation(f"ping-pong: executor {eid} stolen by {steal.thief} from {steal.victim}, and "
+                                     f"the next plan moves {back} back")
+
+            st.moved = no_way_back
         rng = random.Random(f"litz.sim speeds {self.seed}")
         base: dict[str, float] = {}
         world = self.world
