@@ -32,11 +32,12 @@ PER_WORKER = (1, 2, 4, 8, 16)
 WORKERS = 2
 
 
-def run_mlr(executors: int, config: dict) -> dict:
+def run_mlr(executors: int, config: dict, **run: object) -> dict:
+    """One MLR job (``run``: further ``litz.run`` arguments, such as ``placement``)."""
     with tempfile.TemporaryDirectory(prefix="litz-bench-") as tmp:
         out, metrics = os.path.join(tmp, "out.json"), os.path.join(tmp, "metrics.jsonl")
         litz.run("apps.mlr", workers=WORKERS, servers=1, executors=executors, config=config,
-                 name=f"bench-overpartition-{os.getpid()}", output=out, metrics=metrics, progress=False)
+                 name=f"bench-overpartition-{os.getpid()}", output=out, metrics=metrics, progress=False, **run)
         with open(out) as f:
             doc = json.load(f)
         with open(metrics) as f:

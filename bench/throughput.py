@@ -25,9 +25,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 APP = os.path.join(HERE, "apps", "noop.py")
 
 
-def run_litz(tasks: int, inflight: int) -> dict:
+def run_litz(tasks: int, inflight: int, **run: object) -> dict:
+    """One no-op job (``run``: further ``litz.run`` arguments, such as ``placement``)."""
     result = litz.run(APP, workers=2, servers=1, config={"tasks": tasks, "inflight": inflight},
-                      name=f"bench-throughput-{os.getpid()}", progress=False)
+                      name=f"bench-throughput-{os.getpid()}", progress=False, **run)
     return result
 
 

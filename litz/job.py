@@ -55,7 +55,7 @@ def run_job(app: App, membership: Membership, secret: str, *, config: dict | Non
             publish_secret: bool = False,
             checkpoint_dir: str | None = None, checkpoint_every: float | None = None, checkpoint_keep: int = 3,
             resume: bool = False, partial_recovery: bool = False, priority_checkpoint: float | None = None,
-            memory_limit: int | str | None = None, home: str | None = None, placement: Any = "even",
+            memory_limit: int | str | None = None, home: str | None = None, placement: Any = "speed",
             steal: bool | None = None, **endpoint: Any) -> Any:
     """Run the job to ``finish()`` and return its result; every process is told to stop on every way out.
 

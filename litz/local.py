@@ -154,11 +154,11 @@ def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = No
     terminal), ``start_timeout`` (seconds), ``checkpoint_dir``, ``checkpoint_every`` (seconds),
     ``checkpoint_keep`` (default 3), ``resume`` (continue from the latest checkpoint in ``checkpoint_dir``),
     ``memory_limit`` / ``server_memory_limit`` (bytes per worker / server; beyond it state is spilled to disk),
-    ``partial_recovery``, ``priority_checkpoint`` (SCAR), ``placement`` (``even`` or ``speed``: executors in
-    proportion to the workers' measured speeds; or a :class:`litz.placement.Policy` object), ``steal`` (with
-    ``speed``, on unless False: an idle worker takes an executor with queued tasks from one behind, between
-    rebalances). ``driver`` / ``executor``: the names of the classes to run, where the app's module holds more than
-    one of a kind.
+    ``partial_recovery``, ``priority_checkpoint`` (SCAR), ``placement`` (``speed``, the default: executors in
+    proportion to the workers' measured speeds; ``even``: by count; or a :class:`litz.placement.Policy` object),
+    ``steal`` (with ``speed``, on unless False: an idle worker takes an executor with queued tasks from one behind,
+    between rebalances). ``driver`` / ``executor``: the names of the classes to run, where the app's module holds
+    more than one of a kind.
     A lost worker or server is replaced and the job recovers from the latest checkpoint.
     """
     positive_int(workers, "workers")

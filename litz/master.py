@@ -120,7 +120,7 @@ class Master(Process):
                  spawn: Callable[[str], Any] | None = None, checkpoint_dir: str | None = None,
                  checkpoint_every: float | None = None, checkpoint_keep: int = 3, resume: bool = False,
                  partial_recovery: bool = False, priority_checkpoint: float | None = None,
-                 memory_limit: int | None = None, wake: bool = True, placement: str | Policy = "even",
+                 memory_limit: int | None = None, wake: bool = True, placement: str | Policy = "speed",
                  steal: bool | None = None, **endpoint: Any):
         """``wake``: open the UDP socket litzctl pings (see :func:`open_wake_socket`); without it requests are
         polled only. ``placement``: a policy's name in :data:`litz.placement.POLICIES` (``even``, or ``speed``:

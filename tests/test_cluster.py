@@ -31,7 +31,8 @@ def test_cluster_job_with_joins_drains_and_bad_peers(etcd, tmp_path):
         # roles in any order: workers and a server first, then the master
         procs.start(role("worker", e, name))
         procs.start(role("server", e, name))
-        master = procs.start(master_args(e, name, "--output", str(out)))
+        # even placement: the test checks the balancer spreads a joining worker's share exactly
+        master = procs.start(master_args(e, name, "--output", str(out), "--placement", "even"))
         procs.start(role("worker", e, name))
         wait_for(lambda: (s := status(name, e)) and s["tasks_completed"] > 0, 30, "the cluster job running")
 

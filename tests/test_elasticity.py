@@ -49,6 +49,7 @@ def test_scale_out_then_in_during_a_job(tmp_path, monkeypatch, transport):
     name, out = f"elastic-local-{transport}", tmp_path / "out.json"
     with Processes() as procs:
         job = procs.start(["litz", "run", app_path("chains"), "--name", name, "--executors", "16",
+                           "--placement", "even",  # the test checks the exact even spread after scale-out
                            "--config", f"chains={CHAINS}", f"steps={LONG}", "sleep=0.004",
                            "--output", str(out), "--no-progress"])
         wait_for(lambda: status(name), 30, "the job's status")

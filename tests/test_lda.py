@@ -212,7 +212,8 @@ def check_reports(path) -> None:
 def test_scale_out_and_in_during_a_run_keeps_the_counts(tmp_path) -> None:
     name, m, out = "lda-elastic", tmp_path / "m.jsonl", tmp_path / "out.json"
     with Processes() as procs:
-        job = procs.start(endless(name, 6, "--workers", "1", "--metrics", str(m), "--output", str(out)))
+        job = procs.start(endless(name, 6, "--workers", "1", "--metrics", str(m), "--output", str(out),
+                                  "--placement", "even"))  # the exact even spread after scale-out is checked
         wait_for(lambda: counts_reports(m), 20, "a first epoch")
         assert ctl(name, "scale", "--workers", "2").returncode == 0
 

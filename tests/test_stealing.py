@@ -158,10 +158,11 @@ def test_outstanding_tasks_are_counted_per_executor_from_dispatches_and_completi
     st = Stealing(FakeMaster(), threshold=0.1)
     for tid, eid in [(0, 2), (1, 2), (2, 3), (3, 2), (4, 0)]:
         st.sent((tid, eid, 0, None))
-    assert {e: list(q) for e, q in st.tasks.items()} == {2: [0, 1, 3], 3: [2], 0: [4]}
-    st.done([(1, "r"), (4, "r")])  # out of order for executor 2
-    assert {e: list(q) for e, q in st.tasks.items()} == {2: [0, 3], 3: [2]}
+    assert st.outstanding == {2: 3, 3: 1, 0: 1} and st.oldest() == {2: 0, 3: 2, 0: 4}
+    st.done([(0, "r"), (4, "r")])  # executor 2's oldest task completes
+    assert {e: n for e, n in st.outstanding.items() if n} == {2: 2, 3: 1} and st.oldest() == {2: 1, 3: 2}
     st.done([(99, "r")])  # not sent since the last restore: ignored
+    assert {e: n for e, n in st.outstanding.items() if n} == {2: 2, 3: 1}
     st.reset()
-    assert not st.tasks and not st.executor_of
+    assert not st.outstanding and not st.executor_of
 

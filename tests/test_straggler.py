@@ -98,7 +98,15 @@ def test_cluster_mode_speed_placement_moves_executors_off_a_slow_worker(etcd, tm
     assert first["speeds"]["fast"] > 2.5 * first["speeds"]["slow"], first
 
 
-def test_even_placement_is_the_default_and_an_unknown_one_is_refused(tmp_path):
+def test_speed_placement_is_the_default_and_an_unknown_one_is_refused(tmp_path):
+    name = "default-placement"
+    with Processes() as procs:
+        job = procs.start(["litz", "run", app_path("chains"), "--name", name, "--executors", "4", "--config",
+                           "chains=2", "steps=400", "sleep=0.004", "--no-progress"])
+        st = wait_for(lambda: status(name), 30, "the job's status")
+        assert st["placement"] == "speed" and st["stealing"] is True, st
+        assert run_cli(["litzctl", "--name", name, "stop"]).returncode == 0
+        job.communicate(timeout=60)
     res = run_cli(["litz", "run", app_path("chains"), "--placement", "fastest", "--no-progress"])
     assert res.returncode != 0 and "invalid choice: 'fastest'" in res.stderr
     import litz

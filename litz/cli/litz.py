@@ -60,8 +60,8 @@ def _job_options(p: argparse.ArgumentParser) -> None:
                    "data included (e.g. 2G); idle executors beyond it are spilled to local disk and reloaded")
     p.add_argument("--partial-recovery", action="store_true", help="SCAR: when servers are lost, reload only their "
                    "shards and keep every other parameter and executor as it is (less rework, not exact)")
-    p.add_argument("--placement", choices=list(POLICIES), default="even", help="how executors are spread over "
-                   "workers: evenly by count (default), or in proportion to each worker's measured speed")
+    p.add_argument("--placement", choices=list(POLICIES), default="speed", help="how executors are spread over "
+                   "workers: in proportion to each worker's measured speed (default), or evenly by count")
     p.add_argument("--steal", action=argparse.BooleanOptionalAction, help="with --placement speed: between "
                    "rebalances an idle worker takes an executor with queued tasks from one behind (default: on)")
     p.add_argument("--priority-checkpoint", type=float, metavar="R", help="SCAR: every R x --checkpoint-every, "
