@@ -235,8 +235,8 @@ def test_a_driver_sees_the_slow_workers_executors_slower(tmp_path):
     executor_speed shows each of them at about a quarter of w0's executors' speed once both workers are measured."""
     out, metrics = tmp_path / "out.json", tmp_path / "m.jsonl"
     env = {**os.environ, "LITZ_TEST_SLOW_WORKER": "w1:0.75"}
-    res = run_cli(["litz", "run", app_path("speedprobe"), "--executors", "16", "--config", "rounds=40",
-                   "--output", str(out), "--metrics", str(metrics), "--no-progress"], env=env, timeout=100)
+    res = run_cli(["litz", "run", app_path("speedprobe"), "--executors", "16", "--placement", "even", "--config",
+                   "rounds=40", "--output", str(out), "--metrics", str(metrics), "--no-progress"], env=env, timeout=100)
     assert res.returncode == 0, res.stderr
     _, rows = probe_rows(out, metrics)
     assert rows[0]["speeds"] == [None] * 16  # nothing measured after the first round
@@ -320,7 +320,7 @@ def test_equally_fast_workers_do_not_steal(tmp_path):
 
 
 def test_stealing_without_speed_placement_is_refused():
-    res = run_cli(["litz", "run", app_path("chains"), "--steal", "--no-progress"])
+    res = run_cli(["litz", "run", app_path("chains"), "--placement", "even", "--steal", "--no-progress"])
     assert res.returncode != 0
     assert res.stderr.strip().splitlines()[-1].endswith("stealing needs --placement speed: a steal moves the quotas "
                                                         "the workers' speeds set"), res.stderr
@@ -328,4 +328,4 @@ def test_stealing_without_speed_placement_is_refused():
     from litz.errors import LitzError
 
     with pytest.raises(LitzError, match="stealing needs --placement speed"):
-        litz.run(app_path("chains"), workers=1, steal=True, progress=False)
+        litz.run(app_path("chains"), workers=1, placement="even", steal=True, progress=False)
