@@ -202,9 +202,13 @@ class Stealing:
         workers = sorted(w.ident for w in m.workers.values() if w.state == "active" and w.ready and not w.retire_sent)
         speeds = m.speeds()
         rec = m.recovery
+        outstanding = {e: n for e, n in self.outstanding.items() if n}
+        busy = {m.executor_owner[e] for e in outstanding}
+        # which task is oldest only matters once a worker is idle (no steal without a thief): not worked out before
+        oldest = self.oldest() if any(w not in busy for w in workers) else {}
         return View(
-            owner=m.executor_owner, outstanding={e: n for e, n in self.outstanding.items() if n},
-            oldest=self.oldest(), workers=workers, min_outstanding=self.min_outstanding,
+            owner=m.executor_owner, outstanding=outstanding, oldest=oldest, workers=workers,
+            min_outstanding=self.min_outstanding,
             per_task={w: 1.0 / speeds[w] for w in workers if w in speeds}, cost_s=self.cost_s,
             threshold=self.threshold, steal_in_flight=self.current is not None,
             operation=(m.operation is not None or m.deferred_scale is not None or bool(m.pending("worker"))
