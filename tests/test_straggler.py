@@ -98,6 +98,67 @@ def test_cluster_mode_speed_placement_moves_executors_off_a_slow_worker(etcd, tm
     assert first["speeds"]["fast"] > 2.5 * first["speeds"]["slow"], first
 
 
+
+CPU_CGROUP = "/sys/fs/cgroup/cpu"  # cgroup v1's cpu controller, where this kind of machine has one
+
+
+def writable_cpu_cgroup() -> bool:
+    return os.access(os.path.join(CPU_CGROUP, "cgroup.procs"), os.W_OK) and os.path.exists(
+        os.path.join(CPU_CGROUP, "cpu.cfs_quota_us"))
+
+
+@pytest.mark.skipif(not writable_cpu_cgroup(), reason="needs a writable cgroup v1 cpu controller (root)")
+@pytest.mark.timeout(180)
+def test_a_worker_under_a_real_cpu_quota_loses_executors(tmp_path):
+    """No test hook: worker w1's process goes into a cgroup whose cpu.cfs_quota_us gives it a quarter of a core, and
+    the tasks spin on the CPU, so only the kernel slows it down. The speed policy sees it through the worker's
+    measure (CPU time plus run delay) and moves executors to w0; the result stays exact."""
+    name, out = "straggler-cgroup", tmp_path / "out.json"
+    group = os.path.join(CPU_CGROUP, f"litz-test-{os.getpid()}")
+    os.makedirs(group)
+    try:
+        period = int(open(os.path.join(group, "cpu.cfs_period_us")).read())
+        with open(os.path.join(group, "cpu.cfs_quota_us"), "w") as f:
+            f.write(str(period // 4))
+        with Processes() as procs:
+            job = procs.start(["litz", "run", app_path("chains"), "--name", name, "--executors", "16",
+                               "--no-steal", "--config", f"chains={CHAINS}", f"steps={LONG}", "spin=0.003",
+                               "--output", str(out), "--no-progress"])
+            st = wait_for(lambda: (s := status(name)) and {w["id"] for w in s["workers"]} == {"w0", "w1"} and s, 30,
+                          "both workers")
+            w1 = next(w["pid"] for w in st["workers"] if w["id"] == "w1")
+            with open(os.path.join(group, "cgroup.procs"), "w") as f:
+                f.write(str(w1))
+
+            seen = {}
+
+            def shifted():
+                s = seen["last"] = status(name)
+                held = {w["id"]: len(w["executors"]) for w in s["workers"]} if s and s["state"] == "running" else {}
+                return s if held.get("w1", 8) <= 6 and not s["moving"]["executors"] else None
+
+            try:
+                st = wait_for(shifted, 60, "w1 (a quarter of a core) down to 6 or fewer of 16 executors")
+            except AssertionError:
+                last = [(w["id"], len(w["executors"]), w["speed"]) for w in (seen["last"] or {}).get("workers", [])]
+                raise AssertionError(f"w1 kept its executors: {last}") from None
+            speeds = {w["id"]: w["speed"] for w in st["workers"]}
+            assert speeds["w0"] > 1.5 * speeds["w1"], speeds
+            _, err = job.communicate(timeout=120)
+            assert job.returncode == 0, err
+        doc = json.loads(out.read_text())
+        check_result(doc["result"], LONG)
+        rebalances = [e for e in doc["events"] if e["kind"] == "rebalance"]
+        # each rebalance followed w1's measured slowness (the first may move just one executor: a shared machine's
+        # load slows w0 too, so the measured gap opens over a few seconds), and they took at least 2 executors
+        assert rebalances and all(e["speeds"]["w0"] > e["speeds"]["w1"] for e in rebalances), rebalances
+        assert sum(e["executors_moved"] for e in rebalances) >= 2, rebalances
+    finally:
+        for pid in open(os.path.join(group, "cgroup.procs")).read().split():  # anything left: back to the root
+            with open(os.path.join(CPU_CGROUP, "cgroup.procs"), "w") as f:
+                f.write(pid)
+        os.rmdir(group)
+
 def test_speed_placement_is_the_default_and_an_unknown_one_is_refused(tmp_path):
     name = "default-placement"
     with Processes() as procs:

@@ -80,6 +80,10 @@ class ChainExecutor(litz.Executor):
         seen = 0 if value is None else int(value)
         if self.config.get("sleep"):
             time.sleep(self.config["sleep"])
+        if self.config.get("spin"):  # CPU work instead of a sleep: what a CPU quota slows down
+            end = time.thread_time() + self.config["spin"]
+            while time.thread_time() < end:
+                pass
         self.ps_update(("chain", c), 1)
         self.ps_update("total", 1)
         shape = tuple(self.config.get("shape", SHAPE))  # large shapes travel through shared-memory rings
