@@ -179,7 +179,7 @@ class Master(Process):
         self.next_read = 0  # request ids of the driver's parameter reads
         self.lost_in_read: list[Member] = []  # lost members found while a read waited: recovered from in full (D2)
         # worker -> keys other workers' completed tasks wrote since its last dispatch (None: any key)
-        self.foreign_writes: dict[str, set | None] = {}
+        self.foreign_writes: dict[str, dict | None] = {}
         self.started = False
         self.finished = False
         self.result: Any = None
@@ -706,9 +706,9 @@ class Master(Process):
             if keys is None or len(pending) + len(keys) > MAX_FOREIGN_KEYS:
                 foreign[worker] = None
             elif pending:
-                pending.update(keys)
+                pending.update(dict.fromkeys(keys))
             else:
-                foreign[worker] = set(keys)
+                foreign[worker] = dict.fromkeys(keys)  # a dict, not a set: the keys go out in the order written
 
     def flush_outbox(self) -> None:
         if self.outbox:

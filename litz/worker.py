@@ -478,8 +478,8 @@ class Worker(Process):
         if version <= self.map_version:
             return
         self.map_version = version
-        servers = set(owners)
-        self.lost_servers -= servers  # an ident given shards again is a live server: hear it
+        servers = dict.fromkeys(owners)  # in shard order, not a set's: what they are sent goes out in one order
+        self.lost_servers.difference_update(servers)  # an ident given shards again is a live server: hear it
         for server in servers:  # now, so that the connections and their rings are up before the first get
             try:
                 self.reach(server)
@@ -488,15 +488,16 @@ class Worker(Process):
         if self.shardmap is None:
             self.shardmap = ShardMap(num_shards, owners)
             return
-        old = set(self.shardmap.owners)
+        old = dict.fromkeys(self.shardmap.owners)
         self.shardmap.owners = owners
         self.cache.invalidate(None)  # answers and acknowledgements may now come from other servers, in any order
         # Flushes sent under the old map are acknowledged by their old owners, in no order with the answers of
         # the new owners that live entries now come from: none may add into a live entry (docs/design.md, I3).
         for fid, entry in self.flushing.items():
             self.unsettled.setdefault(fid, []).extend(key for items in entry[2].values() for _, key, _ in items)
-        for server in old - servers - self.lost_servers:
-            self.send(server, (P.FENCE, version))  # behind every request we ever sent it
+        for server in old:
+            if server not in servers and server not in self.lost_servers:
+                self.send(server, (P.FENCE, version))  # behind every request we ever sent it
 
     def peer_rejoined(self, ident: str) -> None:
         self.lost_servers.discard(ident)  # what it sends comes from the new process: not a late answer

@@ -19,8 +19,8 @@ from tests.helpers import ROOT
 
 def test_a_seed_replays_exactly():
     a, b = run_schedule(11), run_schedule(11)
-    assert (a.sim_s, a.tasks, a.messages, a.events, a.violations) == (b.sim_s, b.tasks, b.messages, b.events,
-                                                                       b.violations)
+    assert (a.sim_s, a.tasks, a.messages, a.events, a.violations, a.digest) == (b.sim_s, b.tasks, b.messages,
+                                                                                 b.events, b.violations, b.digest)
     assert a.tasks > 0 and a.messages > 0
 
 

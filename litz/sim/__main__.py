@@ -30,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--placement", choices=("even", "speed"), help="the executor placement policy of every "
                     "schedule (default: each seed draws one; under speed the master is fed random speeds)")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per schedule")
+    ap.add_argument("--digest", action="store_true", help="one line per schedule: a digest of every message "
+                    "delivered (its time, sender, receiver and size, in order) and what the schedule ended with; "
+                    "a seed prints the same line in every run and every interpreter")
     args = ap.parse_args(argv)
     events = tuple(e for e in args.events.split(",") if e)
     bad = [e for e in events if e not in EVENTS]
@@ -56,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
                 if args.verbose:
                     print(f"seed {o.seed}: {o.sim_s:.2f} simulated s, {o.tasks} tasks, {o.messages} messages, "
                           f"events {dict(o.events)}, {len(o.violations)} violation(s)", flush=True)
+                if args.digest:
+                    print(f"seed {o.seed}: digest {o.digest}, {o.sim_s!r} simulated s, {o.tasks} tasks, "
+                          f"{o.messages} messages, events {sorted(o.events.items())}, {len(o.violations)} "
+                          "violation(s)", flush=True)
                 if args.verbose and o.log:
                     print("  " + o.log.strip().replace("\n", "\n  "), flush=True)
                 for v in o.violations:

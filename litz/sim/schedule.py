@@ -50,6 +50,7 @@ class Outcome:
     tasks: int = 0
     messages: int = 0
     log: str = ""  # what the processes wrote to stderr (warnings), for -v
+    digest: str = ""  # of every message delivered, in order, with its time, sender and receiver
 
 
 @dataclass
@@ -336,7 +337,8 @@ class Schedule:
                 why = [e.get("noticed") for e in self.master.joblog.events if e["kind"] == "recovery"]
                 violations.append(f"recovery without a kill: {why}")
         return Outcome(self.seed, violations, self.events, world.now,
-                       self.master.tasks_completed if self.master else 0, world.messages, log.getvalue())
+                       self.master.tasks_completed if self.master else 0, world.messages, log.getvalue(),
+                       world.trace.hexdigest())
 
 
 def run_schedule(seed: int, events: tuple[str, ...] = EVENTS, job: Plan | None = None,

@@ -15,6 +15,7 @@ what is still on its way from it, each connection delivers a random prefix.
 """
 from __future__ import annotations
 
+import hashlib
 import heapq
 import json
 import random
@@ -111,6 +112,7 @@ class World:
         self.endpoints: dict[str, SimEndpoint] = {}  # address -> endpoint
         self._next_pid = 1000
         self.messages = 0
+        self.trace = hashlib.blake2b(digest_size=16)  # each delivery, in order: what a replay reproduces
         self.current: SimProcess | None = None
 
     # -- events --------------------------------------------------------------------------------------
@@ -290,6 +292,8 @@ class SimEndpoint(Endpoint):
         if dest is None or dest.gone_at is not None:
             return
         self.world.messages += 1
+        # not the bytes: an app's token is random per interpreter; any other difference changes what follows
+        self.world.trace.update(f"{self.world.now!r} {self.ident} {dest.ident} {sum(map(len, frames))}\n".encode())
         dest.inbox.append((self.ident, frames))
         if dest.waiting is not None:
             waiter, dest.waiting = dest.waiting, None
