@@ -715,6 +715,8 @@ class Master(Process):
             out, self.outbox = self.outbox, defaultdict(list)
             foreign = self.foreign_writes
             for worker, tasks in out.items():
+                if self.stealing is not None:
+                    self.stealing.sent(tasks)
                 written = foreign.pop(worker, ())
                 self.send(worker, (P.TASKS, tasks, None if written is None else list(written)))
 
@@ -727,7 +729,10 @@ class Master(Process):
         if not isinstance(executor, (int, np.integer)) or not 0 <= executor < self.num_executors:
             raise ValueError(f"dispatch_task: executor must be an int in [0, {self.num_executors}), "
                              f"got {executor!r}")
-        task = (self.next_tid, int(executor), self.version, args)
+        eid = int(executor)
+        # the id names the executor too (id % executors): the stealing extension counts a DONE's tasks per executor
+        # with no table of ids
+        task = (self.next_tid * self.num_executors + eid, eid, self.version, args)
         self.next_tid += 1
         self.in_flight += 1
         if self.recovery.paused:
@@ -791,8 +796,6 @@ class Master(Process):
         else:
             self.outbox[self.executor_owner[eid]].append(task)
             self.sent_in_flight += 1
-            if self.stealing is not None:
-                self.stealing.sent(task)
 
     def release_paused(self) -> None:
         tasks, self.paused_tasks = self.paused_tasks, []

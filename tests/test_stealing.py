@@ -25,9 +25,8 @@ def test_an_idle_worker_takes_the_executor_with_the_most_queued_tasks_from_the_o
     steal = decide(view())
     # 10 tasks outstanding on w1 at 20 ms: 0.2 s of backlog; executors 9 and 11 have two queued each
     assert steal == Steal(executor=9, victim="w1", thief="w0", queued=2, backlog_s=pytest.approx(0.2))
-    # of two equally queued executors, the one whose oldest task was dispatched last (the least likely running)
-    assert decide(view(oldest={9: 40, 11: 70})).executor == 11
-    assert decide(view(oldest={9: 70, 11: 40})).executor == 9
+    # the executor with the most queued tasks (of two equally queued ones, the lower: 9 above)
+    assert decide(view(outstanding={**view().outstanding, 11: 4})).executor == 11
 
 
 def test_the_fastest_idle_worker_steals_from_the_worker_with_the_longest_backlog():
@@ -152,17 +151,21 @@ class FakeMaster:
 
     def __init__(self):
         self.executor_owner = ["w0", "w0", "w1", "w1"]
+        self.num_executors = 4
 
 
 def test_outstanding_tasks_are_counted_per_executor_from_dispatches_and_completions():
+    """A task id is seq * executors + executor (Master.dispatch_task): a DONE's ids give their executors."""
     st = Stealing(FakeMaster(), threshold=0.1)
-    for tid, eid in [(0, 2), (1, 2), (2, 3), (3, 2), (4, 0)]:
-        st.sent((tid, eid, 0, None))
-    assert st.outstanding == {2: 3, 3: 1, 0: 1} and st.oldest() == {2: 0, 3: 2, 0: 4}
-    st.done([(0, "r"), (4, "r")])  # executor 2's oldest task completes
-    assert {e: n for e, n in st.outstanding.items() if n} == {2: 2, 3: 1} and st.oldest() == {2: 1, 3: 2}
-    st.done([(99, "r")])  # not sent since the last restore: ignored
+    tasks = [(seq * 4 + eid, eid, 0, None) for seq, eid in enumerate([2, 2, 3, 2, 0])]
+    st.sent(tasks[:3])  # two batches, as two flushes of the outbox send them
+    st.sent(tasks[3:])
+    assert st.outstanding == {2: 3, 3: 1, 0: 1}
+    st.done([(tasks[0][0], "r"), (tasks[4][0], "r")])
     assert {e: n for e, n in st.outstanding.items() if n} == {2: 2, 3: 1}
+    st.done([(tasks[2][0], None), (tasks[1][0], None), (tasks[3][0], None)])
+    assert not +st.outstanding  # nothing outstanding
+    st.sent(tasks)
     st.reset()
-    assert not st.outstanding and not st.executor_of
+    assert not st.outstanding
 
