@@ -245,8 +245,10 @@ def test_a_class_loaded_again_is_pickled_only_for_workers_that_lack_it():
     run_in_fresh_process(a_class_loaded_again)
 
 
-@pytest.mark.parametrize("proc", [True, False], ids=["proc", "no-proc"])
-def test_close_inherited_fds_keeps_only_the_standard_streams_and_what_it_is_told(proc):
+def close_fds_in_a_fork(proc: bool) -> None:
+    """Fork, close the inherited descriptors in the child, and check which are left. Run in a fresh interpreter: a
+    fork of the pytest process inherits what earlier tests left there (an etcd client's gRPC, whose fork handler
+    re-arms its poller in the child, aborts once that poller's descriptor is closed under it)."""
     from litz.forkserver import close_inherited_fds
 
     read_end, write_end = os.pipe()
@@ -275,3 +277,17 @@ def test_close_inherited_fds_keeps_only_the_standard_streams_and_what_it_is_told
         os.close(fd)
     assert os.waitstatus_to_exitcode(status) == 0
     assert report == repr([0, 1, 2, kept_write]), report
+
+
+def close_fds_in_a_fork_with_proc() -> None:
+    close_fds_in_a_fork(True)
+
+
+def close_fds_in_a_fork_without_proc() -> None:
+    close_fds_in_a_fork(False)
+
+
+@pytest.mark.parametrize("body", [close_fds_in_a_fork_with_proc, close_fds_in_a_fork_without_proc],
+                         ids=["proc", "no-proc"])
+def test_close_inherited_fds_keeps_only_the_standard_streams_and_what_it_is_told(body):
+    run_in_fresh_process(body)
