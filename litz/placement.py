@@ -139,7 +139,7 @@ class Policy(Protocol):
 
 
 class EvenPolicy:
-    """``even`` (the default): each active worker holds ``n / workers`` executors, give or take one."""
+    """``even``: each active worker holds ``n / workers`` executors, give or take one, whatever their speeds."""
 
     name = "even"
     uses_speeds = False
