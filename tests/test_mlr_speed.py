@@ -89,7 +89,9 @@ def test_litz_run_with_a_slow_worker_sizes_its_tasks_down(monkeypatch) -> None:
     the first placement's second block) run fewer mini-batches, and the model is as accurate as scikit-learn's."""
     monkeypatch.setenv("LITZ_TEST_SLOW_WORKER", "w1:0.75")
     config = {**CONFIG, "staleness": 0, "size_by_speed": 1, "tol": 0, "epochs": 30}
-    result = litz.run("apps.mlr", workers=2, servers=1, executors=8, config=config)
+    result = litz.run(
+        "apps.mlr", workers=2, servers=1, executors=8, config=config, placement="even", steal=False
+    )
     fast, slow = result["batches_run"][:4], result["batches_run"][4:]
     assert result["resizes"] >= 1 and max(slow) < 0.8 * min(fast), result
     assert abs(result["test_accuracy"] - sklearn_accuracy(config)) <= 0.01, result
