@@ -89,17 +89,41 @@ class SlowHook:
         return ran * self.ratio
 
 
-def open_schedstat() -> int | None:
-    """A descriptor of this thread's ``/proc/thread-self/schedstat`` (CPU time, then time spent runnable but not
-    running, in ns), or None where there is none or time is simulated (``litz.sim``: it must not read real time)."""
+def open_schedstat(path: str = "/proc/thread-self/schedstat") -> int | None:
+    """A descriptor of a thread's schedstat (CPU time, then time spent runnable but not running, in ns; this
+    thread's by default), or None where there is none or time is simulated (``litz.sim``: it must not read real
+    time)."""
     if clock.perf_counter is not clock._real.perf_counter:
         return None
     try:
-        fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
         wanted(fd)
         return fd
     except (OSError, ValueError, IndexError):
+        os.close(fd)
         return None
+
+
+IO_THREAD_PREFIX = "ZMQbg/IO/"  # libzmq's name for its I/O threads, which move every message of the process
+
+
+def open_io_schedstats() -> list[int]:
+    """Schedstat descriptors of this process's ZeroMQ I/O threads (none before its first socket exists)."""
+    fds = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if not f.read().startswith(IO_THREAD_PREFIX):
+                    continue
+        except OSError:
+            continue
+        fd = open_schedstat(f"/proc/self/task/{tid}/schedstat")
+        if fd is not None:
+            fds.append(fd)
+    return fds
 
 
 def wanted(fd: int) -> float:
@@ -115,7 +139,11 @@ class SpeedMeasure:
     values or their flush) and CPU seconds. Holding, not running: a CPU quota's stalls land anywhere, also in the
     wake-up from a wait for a message, which running time misses. Where Linux tells it (``schedstat``), the seconds
     are CPU time plus run delay instead (see :func:`wanted`), plus the time tasks blocked inside run slices (sleep,
-    I/O, the test hook), which costs too although it is neither."""
+    I/O, the test hook), which costs too although it is neither; plus what the ZeroMQ I/O threads ran or wanted to
+    run while the event loop waited for a message. A quota throttles every thread of the process: a stall that
+    catches the I/O thread receiving a value, an acknowledgement or a task while the loop sleeps in its poll is
+    this worker's cost all the same, and the loop's own run delay misses it (measured: a worker at 25 % of a core
+    then looked a third as fast, not a quarter, and kept an executor too many)."""
 
     def __init__(self, schedstat: bool = True):
         """``schedstat``: False measures held wall time even where /proc tells more (bare workers in tests)."""
@@ -126,13 +154,34 @@ class SpeedMeasure:
         self._wanted_mark = wanted(self._schedstat) if self._schedstat is not None else 0.0
         self.blocked = 0.0
         self._slice_start = self._slice_wanted = 0.0
+        self._io: list[int] | None = None  # the I/O threads' schedstat, opened at the first wait (see io_wanted)
+        self._io_mark = 0.0
+        self.io_waits = 0.0  # seconds the I/O threads ran or waited for a CPU during the loop's waits
 
-    def wait_begins(self) -> None:
-        """The worker holds no task and waits for messages: busy until now, the wait is not."""
-        self.busy += clock.perf_counter() - self._busy_mark
+    def io_wanted(self) -> float:
+        """Seconds the ZeroMQ I/O threads ran or waited for a CPU so far (0 without schedstat)."""
+        if self._schedstat is None:
+            return 0.0
+        if self._io is None:
+            self._io = open_io_schedstats()
+        try:
+            return sum(wanted(fd) for fd in self._io)
+        except (OSError, ValueError, IndexError):  # a thread gone: stop counting it
+            self.close_io()
+            self._io = []
+            return 0.0
 
-    def wait_ends(self) -> None:
-        self._busy_mark = clock.perf_counter()
+    def wait_begins(self, idle: bool) -> None:
+        """The event loop waits for messages; ``idle``: it holds no task, so the wait is not the tasks' cost (what
+        its I/O threads do meanwhile is)."""
+        if idle:
+            self.busy += clock.perf_counter() - self._busy_mark
+        self._io_mark = self.io_wanted()
+
+    def wait_ends(self, idle: bool) -> None:
+        if idle:
+            self._busy_mark = clock.perf_counter()
+        self.io_waits += self.io_wanted() - self._io_mark
 
     def start_slice(self, now: float) -> None:
         """A run slice (tasks switched to one after another) starts at ``now`` (perf_counter)."""
@@ -151,12 +200,18 @@ class SpeedMeasure:
         spent = self.busy + now - self._busy_mark
         if self._schedstat is not None:
             w = wanted(self._schedstat)
-            spent, self._wanted_mark = w - self._wanted_mark + self.blocked, w
+            spent, self._wanted_mark = w - self._wanted_mark + self.blocked + self.io_waits, w
         timing = (tasks, spent, cpu - self._cpu_mark)
-        self.busy, self._busy_mark, self._cpu_mark, self.blocked = 0.0, now, cpu, 0.0
+        self.busy, self._busy_mark, self._cpu_mark, self.blocked, self.io_waits = 0.0, now, cpu, 0.0, 0.0
         return timing
 
+    def close_io(self) -> None:
+        for fd in self._io or ():
+            os.close(fd)
+        self._io = None
+
     def close(self) -> None:
+        self.close_io()
         if self._schedstat is not None:
             os.close(self._schedstat)
             self._schedstat = None
@@ -233,12 +288,13 @@ class Worker(Process):
         self.await_welcome(start_timeout)
         last_check = clock.time()
         while self.running:
-            idle = not self.runnable and not self.holds_tasks()
-            if idle:  # busy until now; the wait below is not
-                self.measure.wait_begins()
+            waits = not self.runnable
+            idle = waits and not self.holds_tasks()  # busy until now; the wait below is not
+            if waits:
+                self.measure.wait_begins(idle)
             got = self.wait_for_messages(0 if self.runnable else 100)
-            if idle:
-                self.measure.wait_ends()
+            if waits:
+                self.measure.wait_ends(idle)
             if got:
                 for sender, msg in self.receive():
                     self.handle_message(sender, msg)
