@@ -35,7 +35,7 @@ from .keys import ShardMap
 from .membership import Membership
 from .outofcore import parse_bytes
 from .owners import Placement
-from .placement import Policy, SpeedMeter, leaving_first, make_policy
+from .placement import ExecutorCosts, Policy, SpeedMeter, leaving_first, make_policy
 from .process import Process, plausible_id
 from .recovery import CorruptCheckpoint, Recovery, RepeatedWarning, warn
 from .stealing import Stealing
@@ -135,6 +135,7 @@ class Master(Process):
         # the one owner of the executor and shard maps and the moves in flight (docs/design.md, "Placement policy")
         self.owners = Placement(policy)
         self.meters: dict[str, SpeedMeter] = {}  # worker -> its smoothed time per task (DONE's timing)
+        self.executor_costs = ExecutorCosts()  # executor -> its smoothed time per task in its worker (DONE's timing)
         self.speed_check_s = SPEED_CHECK_S
         self.speed_window_s = SPEED_WINDOW_S
         # docs/design.md, "Placement policy": stealing between rebalances
@@ -580,12 +581,15 @@ class Master(Process):
                 raise BadMessage("DONE with a result that is not a (task id, result) pair")
             if len(msg) > 3:  # how long the batch's tasks ran: the worker's speed
                 timing = msg[3]
-                if len(timing) != 3 or not all(isinstance(x, (int, float)) for x in timing):
-                    raise BadMessage("DONE with a timing that is not (tasks, wall s, cpu s)")
+                if (len(timing) != 4 or not all(isinstance(x, (int, float)) for x in timing[:3])
+                        or not self.valid_executor_timing(timing[3])):
+                    raise BadMessage("DONE with a timing that is not (tasks, wall s, cpu s, {executor: (tasks, "
+                                     "ran s, cpu s)})")
                 meter = self.meters.get(sender)
                 if meter is None:
                     meter = self.meters[sender] = SpeedMeter(window_s=self.speed_window_s, warmup=1)
-                meter.add(*timing, clock.time())
+                meter.add(*timing[:3], clock.time())
+                self.executor_costs.add(timing[3])
             self.note_writes(sender, msg[2])  # before the driver dispatches anything behind these completions
             self.on_done(msg[1])
         elif tag == P.STATS:
@@ -926,8 +930,17 @@ class Master(Process):
         self.flush_outbox()  # tasks already dispatched to it must reach the source before the move order
         self.send(src, (P.MOVE_EXECUTOR, eid, dest, False, True))
 
+    def valid_executor_timing(self, per_executor: Any) -> bool:
+        """DONE's per-executor timing: executors of this job, each with (tasks, seconds, CPU seconds)."""
+        n = self.num_executors
+        return type(per_executor) is dict and all(
+            type(e) is int and 0 <= e < n and type(v) is tuple and len(v) == 3
+            and type(v[0]) is int and all(isinstance(x, (int, float)) for x in v[1:])
+            for e, v in per_executor.items())
+
     def on_executor_moved(self, dest: str, eid: int, nbytes: int) -> None:
         src = self.owners.executor_moved(eid, dest)
+        self.executor_costs.forget((eid,))
         for task in self.held.pop(eid, ()):
             self.route(task)
         if self.operation:
@@ -1352,7 +1365,9 @@ class Master(Process):
                          "address": m.info.get("address"),
                          "executors": owned.get(m.ident, []), "memory": m.stats.get("rss"),
                          "budget": m.stats.get("budget"), "state_bytes": m.stats.get("state_bytes"),
-                         "evicted": m.stats.get("evicted", []), **self.speed_status(m.ident)}
+                         "evicted": m.stats.get("evicted", []), **self.speed_status(m.ident),
+                         # each of its executors' (ms per task, CPU ms per task) there, None before it completed one
+                         "executor_task_ms": [self.executor_costs.of(e) for e in owned.get(m.ident, [])]}
                         for m in self.workers.values()],
             "servers": [{"id": m.ident, "pid": m.info.get("pid"), "host": m.info.get("host"), "state": m.state,
                          "address": m.info.get("address"),

@@ -17,7 +17,7 @@ one it has, as ps-lite's ``set_slicer`` lets a worker slice keys without knowing
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from .errors import LitzError
@@ -206,6 +206,49 @@ def make_policy(placement: str | Policy) -> Policy:
     if factory is None:
         raise LitzError(f"unknown placement {placement!r}: choose {' or '.join(POLICIES)}")
     return factory()
+
+
+class ExecutorCosts:
+    """Each executor's smoothed seconds per task inside its worker (running in its greenlet, and CPU), from the
+    per-executor part of ``DONE``'s timing: an EMA (``alpha``) over the reports, each sample the time since the
+    executor's previous completion over the tasks completed (a task that ran across two reports counts whole).
+
+    Why per executor: the worker's speed says how fast a worker gets through tasks; which of its executors costs
+    what (blocks of different sizes, an app's uneven partitions) only these tell. Running time inside the greenlet
+    misses a quota's stalls outside it (see :class:`litz.worker.SpeedMeasure`), so these compare executors, and
+    the worker's speed stays what placement follows."""
+
+    def __init__(self, alpha: float = 0.2) -> None:
+        self.alpha = alpha
+        self.per_task: dict[int, list[float]] = {}  # eid -> [seconds per task, CPU seconds per task]
+        self._carry: dict[int, list[float]] = {}  # eid -> [seconds, CPU seconds] ran since its last completion
+
+    def add(self, per_executor: Mapping[int, tuple[int, float, float]]) -> None:
+        for eid, (tasks, ran, cpu) in per_executor.items():
+            carry = self._carry.setdefault(eid, [0.0, 0.0])
+            carry[0] += max(ran, 0.0)
+            carry[1] += max(cpu, 0.0)
+            if tasks <= 0:
+                continue
+            sample = [carry[0] / tasks, carry[1] / tasks]
+            carry[0] = carry[1] = 0.0
+            est = self.per_task.get(eid)
+            if est is None:
+                self.per_task[eid] = sample
+            else:
+                est[0] += self.alpha * (sample[0] - est[0])
+                est[1] += self.alpha * (sample[1] - est[1])
+
+    def forget(self, eids: Iterable[int]) -> None:
+        """``eids`` moved to another worker (or were re-created): what they cost there is measured afresh."""
+        for eid in eids:
+            self.per_task.pop(eid, None)
+            self._carry.pop(eid, None)
+
+    def of(self, eid: int) -> tuple[float, float] | None:
+        """``(ms per task, CPU ms per task)`` of ``eid``, or None before it completed a task."""
+        est = self.per_task.get(eid)
+        return None if est is None else (round(est[0] * 1e3, 3), round(est[1] * 1e3, 3))
 
 
 class SpeedMeter:

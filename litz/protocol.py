@@ -18,7 +18,8 @@ import numpy as np
 # versions understand the refusal.
 # 2: the executor class travels with the app's search paths; DONE carries the worker's timing; the master reads
 # parameters for the driver.
-VERSION = 2
+# 3: DONE's timing also carries each executor's running time.
+VERSION = 3
 
 HELLO = "hello"        # worker/server -> master: (HELLO, VERSION, role, info: address, a worker's app_tokens)
 REFUSED = "refused"    # master -> worker/server: (REFUSED, why) its HELLO was refused; it exits with that line
@@ -27,7 +28,8 @@ SHARDS = "shards"      # master -> worker/server: (SHARDS, num_shards, owners, m
 CREATE = "create"      # master -> worker: (CREATE, [eid, ...])
 READY = "ready"        # worker -> master: (READY, [eid, ...])
 TASKS = "tasks"        # master -> worker: (TASKS, [(task_id, eid, version, args), ...])
-DONE = "done"          # worker -> master: (DONE, [(task_id, result), ...], written keys, (tasks, wall s, cpu s))
+DONE = "done"          # worker -> master: (DONE, [(task_id, result), ...], written keys,
+#                        (tasks, wall s, cpu s, {eid: (tasks, ran s, cpu s)}))
 FAIL = "fail"          # any -> master: (FAIL, where, traceback_text)
 GETS = "gets"          # worker or master -> server: (GETS, [(request_id, shard, key), ...])
 VALUES = "values"      # server -> worker/master: (VALUES, [(request_id, value), ...][, True: after forwarding])

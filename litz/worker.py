@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Hashable, Iterable
 from typing import Any
 
@@ -154,6 +154,7 @@ class SpeedMeasure:
         self._wanted_mark = wanted(self._schedstat) if self._schedstat is not None else 0.0
         self.blocked = 0.0
         self._slice_start = self._slice_wanted = 0.0
+        self.ran: dict[int, list[float]] = {}  # executor -> [seconds its tasks ran, CPU seconds] since the take
         self._io: list[int] | None = None  # the I/O threads' schedstat, opened at the first wait (see io_wanted)
         self._io_mark = 0.0
         self.io_waits = 0.0  # seconds the I/O threads ran or waited for a CPU during the loop's waits
@@ -194,15 +195,31 @@ class SpeedMeasure:
             ran = clock.perf_counter() - self._slice_start
             self.blocked += max(0.0, ran - (wanted(self._schedstat) - self._slice_wanted))
 
-    def take(self, tasks: int) -> tuple[int, float, float]:
-        """``(tasks, seconds, CPU seconds)`` since the previous take, for ``tasks`` completions; starts afresh."""
+    def task_ran(self, eid: int, seconds: float, cpu: float) -> None:
+        """A task of ``eid`` ran ``seconds`` (``cpu`` of them on a CPU) since it was switched to."""
+        r = self.ran.get(eid)
+        if r is None:
+            self.ran[eid] = [seconds, cpu]
+        else:
+            r[0] += seconds
+            r[1] += cpu
+
+    def take(self, tasks: int, done: dict[int, int] | None = None) -> tuple:
+        """``(tasks, seconds, CPU seconds, per executor)`` since the previous take, for ``tasks`` completions;
+        starts afresh. Per executor: ``{eid: (tasks completed, seconds its tasks ran, CPU seconds)}`` for every
+        executor that ran or completed a task (``done``: eid -> completions): what each executor's tasks cost
+        inside the worker, which the worker's own seconds (its stalls, its waits) do not split."""
         now, cpu = clock.perf_counter(), clock.thread_time()
         spent = self.busy + now - self._busy_mark
         if self._schedstat is not None:
             w = wanted(self._schedstat)
             spent, self._wanted_mark = w - self._wanted_mark + self.blocked + self.io_waits, w
-        timing = (tasks, spent, cpu - self._cpu_mark)
+        done = done or {}
+        ran = self.ran
+        per_executor = {e: (done.get(e, 0), *ran.get(e, (0.0, 0.0))) for e in ran.keys() | done.keys()}
+        timing = (tasks, spent, cpu - self._cpu_mark, per_executor)
         self.busy, self._busy_mark, self._cpu_mark, self.blocked, self.io_waits = 0.0, now, cpu, 0.0, 0.0
+        self.ran = {}
         return timing
 
     def close_io(self) -> None:
@@ -787,12 +804,11 @@ class Worker(Process):
         deadline = start + RUN_SLICE_S
         runnable = self.runnable
         slow = self.slow.active
-        t0 = 0.0
+        cpu_time, task_ran = clock.thread_time, self.measure.task_ran
+        t0, c0 = start, cpu_time()
         while runnable:
             task = runnable.popleft()
             self.current = task
-            if slow:  # how long the task ran: only the test hook needs it
-                t0 = perf()
             if task.glet is None:
                 task.glet = greenlet.greenlet(self._task_body)
                 task.glet.switch(task)
@@ -802,6 +818,9 @@ class Worker(Process):
             if slow:
                 clock.sleep(self.slow.sleep_for(now - t0, now))
                 now = perf()
+            c = cpu_time()
+            task_ran(task.eid, now - t0, c - c0)  # each executor's cost, reported per executor with DONE
+            t0, c0 = now, c
             if now > deadline:
                 break
         self.current = None
@@ -990,7 +1009,7 @@ class Worker(Process):
         """Send completed tasks' results to the master. A result that cannot be pickled is the app's error, told
         with the executor and task that returned it, as an exception raised in run_task is: never a lost worker."""
         # what these tasks cost (the master's measure of this worker's speed), on the message it sends anyway
-        timing = self.measure.take(len(tasks))
+        timing = self.measure.take(len(tasks), Counter(t.eid for t in tasks))
         try:
             self.send("master", (P.DONE, results, written, timing))
             return

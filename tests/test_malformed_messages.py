@@ -296,6 +296,7 @@ def test_a_handler_failure_drops_the_message_and_is_never_an_application_error(t
         server.handle_message("w9", (P.GETS, [("no shard",)]))
         server.handle_message("w9", (P.UPDATES, 1, [(0, "k")]))
         master.handle_message("w9", (P.DONE, [(1,)], ()))  # the driver never sees it: not the app's error
+        master.handle_message("w8", (P.DONE, [], (), (1, 0.1, 0.1, {12345: (1, 0.1, 0.1)})))  # no such executor
         master.handle_message("w9", (P.MOVED, 12345, 10))  # an executor the job does not have
         err = capsys.readouterr().err
         assert sent == []  # no FAIL: none of it is the application's error
@@ -305,6 +306,7 @@ def test_a_handler_failure_drops_the_message_and_is_never_an_application_error(t
                      "from master: copy_input that could not be handled",
                      "from w9: gets that could not be handled", "from w9: updates that could not be handled",
                      "from w9: done that could not be handled: BadMessage: DONE with a result that is not a",
+                     "from w8: done that could not be handled: BadMessage: DONE with a timing that is not",
                      "from w9: moved that could not be handled: IndexError"):
             assert text in err, (text, err)
         assert " at worker.py:" in err  # where it failed: a handler's failure may also be a bug in Litz

@@ -323,8 +323,8 @@ def test_the_worker_counts_the_time_it_held_tasks_not_its_waits(monkeypatch):
     t["wall"] += 10.0
     m.wait_ends(idle=True)
     t["wall"] += 1.0
-    assert m.take(3) == (3, 3.0, 1.0)
-    assert m.take(0) == (0, 0.0, 0.0)  # each DONE reports what came since the previous one
+    assert m.take(3)[:3] == (3, 3.0, 1.0)
+    assert m.take(0) == (0, 0.0, 0.0, {})  # each DONE reports what came since the previous one
 
 
 def test_with_schedstat_the_worker_counts_cpu_run_delay_and_time_tasks_blocked(monkeypatch):
@@ -343,7 +343,7 @@ def test_with_schedstat_the_worker_counts_cpu_run_delay_and_time_tasks_blocked(m
     t["wall"] += 5.0  # outside slices only CPU and run delay count (the event loop's own work, its waits too)
     t["wanted"] += 0.5
     t["cpu"] += 0.5
-    assert m.take(2) == (2, 1.5, 0.5) and m.blocked == 0.0
+    assert m.take(2) == (2, 1.5, 0.5, {}) and m.blocked == 0.0
 
 
 def test_with_schedstat_what_the_io_threads_wanted_while_the_loop_waited_is_the_workers_cost(monkeypatch):
@@ -369,8 +369,8 @@ def test_with_schedstat_what_the_io_threads_wanted_while_the_loop_waited_is_the_
     t["wall"] += 5.0
     t["io"] += 0.125
     m.wait_ends(idle=True)
-    assert m.take(1) == (1, 0.25 + 0.25 + 0.125, 0.0)
-    assert m.take(0) == (0, 0.0, 0.0)
+    assert m.take(1) == (1, 0.25 + 0.25 + 0.125, 0.0, {})
+    assert m.take(0) == (0, 0.0, 0.0, {})
 
 
 def test_a_real_worker_thread_finds_its_zmq_io_thread() -> None:
@@ -394,3 +394,27 @@ def test_a_real_worker_thread_finds_its_zmq_io_thread() -> None:
     finally:
         sock.close(0)
         ctx.term()
+
+
+def test_executor_costs_follow_each_executor_and_a_task_across_two_reports_counts_whole():
+    from litz.placement import ExecutorCosts
+
+    c = ExecutorCosts(alpha=0.5)
+    c.add({0: (2, 0.02, 0.01), 1: (0, 0.005, 0.005)})  # executor 1's task is still running at this report
+    assert c.of(0) == (10.0, 5.0) and c.of(1) is None
+    c.add({0: (1, 0.03, 0.01), 1: (1, 0.005, 0.005)})  # it completes: both parts are its one task
+    assert c.of(0) == (20.0, 7.5) and c.of(1) == (10.0, 10.0)
+    c.forget([0])  # moved: measured afresh where it went
+    assert c.of(0) is None and c.of(1) == (10.0, 10.0)
+
+
+def test_the_worker_reports_what_each_executors_tasks_ran(monkeypatch):
+    from litz.worker import SpeedMeasure
+
+    fake_clocks(monkeypatch)
+    m = SpeedMeasure(schedstat=False)
+    m.task_ran(3, 0.5, 0.25)
+    m.task_ran(3, 0.25, 0.25)  # a second slice of the same task
+    m.task_ran(5, 0.125, 0.0)
+    assert m.take(1, {3: 1})[3] == {3: (1, 0.75, 0.5), 5: (0, 0.125, 0.0)}
+    assert m.take(0)[3] == {}  # each DONE tells what came since the previous one
