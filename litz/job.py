@@ -13,7 +13,7 @@ from typing import Any
 from .appload import App, load_app
 from .errors import LitzError
 from .finished import record_finished, registry_name
-from .joblog import JobLog, make_parent
+from .joblog import JobLog, config_shown, make_parent
 from .master import Master
 from .membership import Membership
 from .membership.membership import litz_home
@@ -112,7 +112,7 @@ def run_job(app: App, membership: Membership, secret: str, *, config: dict | Non
         record_finished(home or litz_home(), membership.job, {  # next to the history: litzctl list shows it
             "name": membership.job, "app": app.name, "state": master.state, "started": started, "ended": time.time(),
             "tasks_completed": master.tasks_completed, "result": os.path.abspath(output) if output else None,
-            "registry": registry_name(membership.kv)})
+            "registry": registry_name(membership.kv), "config": config_shown(config)})
         membership.unregister()
         membership.clear()
         master.close()

@@ -165,6 +165,7 @@ def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = No
     positive_int(servers, "servers")
     if executors is not None:
         positive_int(executors, "executors")
+    dashboard_at, allow_control = options.pop("dashboard", None), options.pop("allow_control", False)
     unknown = set(options) - JOB_OPTIONS
     if unknown:
         raise LitzError(f"unknown option(s): {', '.join(sorted(unknown))}")
@@ -174,6 +175,11 @@ def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = No
     etcd = options.pop("etcd", None)
     name = options.pop("name", None) or default_name(app)
     secret = new_secret()
+    dashboard = None
+    if dashboard_at is not None:  # the port is bound now: a busy one fails before the job starts
+        from .dashboard.launch import LauncherDashboard
+
+        dashboard = LauncherDashboard(str(dashboard_at), allow_control)
     # before anything of this job starts a thread (an etcd client does): the fork server is forked now
     children = LocalProcesses(name, home, secret, etcd, options.pop("server_memory_limit", None))
     try:
@@ -185,6 +191,8 @@ def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = No
             for role, count in (("server", servers), ("worker", workers)):
                 for _ in range(count):
                     children.start(role)
+            if dashboard is not None:
+                dashboard.start(name, home, etcd)
 
         # published in the registry for litzctl, which signs its requests with it (litz.control): the directory
         # registry is this user's alone (litz.private); in etcd it is as exposed as a cluster master's secret
@@ -194,3 +202,5 @@ def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = No
                        listen=listen_address(local_dir=children.local_dir), **options)
     finally:
         children.close_forks()  # when the job never started its children (refused, bad etcd address)
+        if dashboard is not None:
+            dashboard.stop()
