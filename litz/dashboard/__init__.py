@@ -18,8 +18,13 @@ def check_installed() -> None:
     """One line (LitzError) if the dashboard's packages are missing."""
     import importlib.util
 
-    if importlib.util.find_spec("aiohttp") is None or importlib.util.find_spec("plotly") is None:
-        raise LitzError(MISSING)
+    for package in ("aiohttp", "plotly"):
+        try:
+            found = importlib.util.find_spec(package) is not None
+        except (ImportError, ValueError):  # a broken install, or one blocked in sys.modules
+            found = False
+        if not found:
+            raise LitzError(MISSING)
 
 
 def serve(kv: Any, name: str | None, *, host: str = "127.0.0.1", port: int = 8265, allow_control: bool = False,

@@ -143,7 +143,7 @@ function noteGone(before, after) {
     const still = new Set(after[role].map((p) => p.id));
     for (const p of before[role]) {
       if (!still.has(p.id)) {
-        S.gone[p.id] = { role, row: p, state: p.state === "draining" ? "left" : "lost", since: now };
+        S.gone[p.id] = { role, row: p, draining: p.state === "draining", since: now };
       }
     }
   }
@@ -152,6 +152,16 @@ function noteGone(before, after) {
       delete S.gone[id];
     }
   }
+}
+
+// Why a process left: a recovery names it lost, a scale-in or drain that it left (the event may come a moment
+// after the process is gone from the status).
+function goneState(g) {
+  for (const ev of S.events.slice(-200)) {
+    if ((ev.kind === "recovery" || ev.kind === "partial_recovery") && JSON.stringify(ev.lost || []).includes(`"${g.row.id}"`)) return "lost";
+    if ((ev.kind === "scale_in" || ev.kind === "rebalance") && (ev.processes || []).includes(g.row.id)) return "left";
+  }
+  return g.draining ? "left" : "gone";
 }
 
 function tick() {  // the elapsed time between two statuses
@@ -242,7 +252,7 @@ function renderProcesses() {
   const rows = (role, procs, make) => [
     ...procs.map((p) => make(p, role === "workers" ? live(p) : p.state, false)),
     ...joining.filter((p) => p.id[0] === role[0]).map((p) => make(p, "joining", true)),
-    ...Object.values(S.gone).filter((g) => g.role === role).map((g) => make(g.row, g.state, true)),
+    ...Object.values(S.gone).filter((g) => g.role === role).map((g) => make(g.row, goneState(g), true)),
   ];
   fill($("workers").tBodies[0], rows("workers", st.workers || [], workerRow));
   fill($("servers").tBodies[0], rows("servers", st.servers || [], serverRow));
