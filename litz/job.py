@@ -21,7 +21,8 @@ from .outofcore import parse_bytes
 
 JOB_OPTIONS = {"name", "etcd", "shards", "output", "metrics", "progress", "start_timeout", "home", "checkpoint_dir",
                "checkpoint_every", "checkpoint_keep", "resume", "partial_recovery", "priority_checkpoint",
-               "memory_limit", "server_memory_limit", "driver", "executor", "placement", "steal"}
+               "memory_limit", "server_memory_limit", "driver", "executor", "placement", "steal", "dashboard",
+               "allow_control"}
 
 
 def positive_int(value: Any, what: str) -> int:

@@ -158,17 +158,18 @@ def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = No
     proportion to the workers' measured speeds; ``even``: by count; or a :class:`litz.placement.Policy` object),
     ``steal`` (with ``speed``, on unless False: an idle worker takes an executor with queued tasks from one behind,
     between rebalances). ``driver`` / ``executor``: the names of the classes to run, where the app's module holds
-    more than one of a kind.
+    more than one of a kind. ``dashboard``: ``"[HOST:]PORT"``, serve the job's live web page while it runs
+    (:mod:`litz.dashboard`), with its controls if ``allow_control``.
     A lost worker or server is replaced and the job recovers from the latest checkpoint.
     """
     positive_int(workers, "workers")
     positive_int(servers, "servers")
     if executors is not None:
         positive_int(executors, "executors")
-    dashboard_at, allow_control = options.pop("dashboard", None), options.pop("allow_control", False)
     unknown = set(options) - JOB_OPTIONS
     if unknown:
         raise LitzError(f"unknown option(s): {', '.join(sorted(unknown))}")
+    dashboard_at, allow_control = options.pop("dashboard", None), options.pop("allow_control", False)
     # imported here, so the forked children have it too
     app = resolve_app(app, options.pop("driver", None), options.pop("executor", None))
     home = options.pop("home", None) or litz_home()
