@@ -214,6 +214,61 @@ def test_a_non_loopback_bind_needs_the_token_and_controls_need_allow_control():
         dash.wait(10)
 
 
+def _status(elapsed: float, events: list[dict], tasks: int = 0, report: dict | None = None) -> dict:
+    """A status document as the master publishes it (litz.master.Master.status), reduced to what the feed reads."""
+    from litz.master import STATUS_EVENTS
+
+    return {"name": "j", "app": "a", "state": "running", "elapsed_s": elapsed, "tasks_completed": tasks,
+            "tasks_per_s": 10.0, "report": report or {}, "events_n": len(events), "events": events[-STATUS_EVENTS:],
+            "workers": [{"id": "w0", "memory": 1}], "servers": [{"id": "s0", "memory": 2}]}
+
+
+def test_the_feed_takes_every_event_once_and_fetches_the_history_on_a_gap(tmp_path):
+    """JobFeed follows the status: each event once, in order, from the tail the status carries; when more came
+    than the tail holds, the whole history again (the master's plot answer); a new master starts over."""
+    from litz.dashboard.source import JobFeed
+    from litz.membership.filekv import FileKV
+
+    kv = FileKV(str(tmp_path / "registry"))
+    kv.put("litz/jobs/j/master", {"instance": "m1", "app": "a", "config": {"x": 1}, "wake": ["h", 1]})
+    events = [{"t": i / 10, "kind": "steal", "n": i} for i in range(40)]
+    feed = JobFeed(kv, "j", home=str(tmp_path))
+    fetched = []
+
+    def fetch() -> dict:  # the master's answer to the signed plot request: everything logged so far
+        n = kv.get("litz/jobs/j/status")["events_n"]
+        fetched.append(n)
+        return {"history": [], "metrics": [{"t": 0.5, "loss": 2.0}], "events": events[:n], "events_n": n}
+
+    feed._fetch = fetch
+    kv.put("litz/jobs/j/status", _status(1.0, events[:2], report={"loss": 1.0}))
+    (seq, kind, snap), = feed.poll()
+    assert kind == "snapshot" and snap["events"] == events[:2] and fetched == [2]
+    assert snap["info"] == {"name": "j", "app": "a", "started": None, "host": None, "pid": None, "config": {"x": 1}}
+    assert feed.poll() == []  # the same status: nothing new
+    kv.put("litz/jobs/j/status", _status(2.0, events[:5], tasks=20, report={"loss": 0.5}))
+    (_, kind, msg), = feed.poll()
+    assert kind == "status" and msg["events"] == events[2:5] and msg["row"]["loss"] == 0.5
+    assert msg["sample"]["t"] == 2.0 and msg["sample"]["workers"] == 1
+    feed._refetched = 0.0  # more events than the tail carries (25 > 20): the whole history again
+    kv.put("litz/jobs/j/status", _status(3.0, events[:30], tasks=30))
+    (_, kind, snap), = feed.poll()
+    assert kind == "snapshot" and snap["events"] == events[:30] and fetched == [2, 30]
+    kv.put("litz/jobs/j/status", _status(4.0, events[:40], tasks=40))  # 10 new: from the tail
+    (_, kind, msg), = feed.poll()
+    assert kind == "status" and msg["events"] == events[30:40] and feed.events == events
+    # the job run again under its name: a new master's status (younger) starts the page over
+    kv.put("litz/jobs/j/master", {"instance": "m2", "app": "b"})
+    kv.put("litz/jobs/j/status", _status(0.5, events[:1]))
+    (_, kind, snap), = feed.poll()
+    assert kind == "snapshot" and snap["events"] == events[:1] and snap["info"]["app"] == "b"
+    # it ends: no master, no status, and no history on this machine: the page keeps what it saw, as ended
+    kv.delete_prefix("litz/jobs/j/")
+    (_, kind, snap), = feed.poll()
+    assert kind == "snapshot" and snap["state"] == "ended" and snap["events"] == events[:1]
+    assert feed.poll() == []
+
+
 def test_without_aiohttp_the_dashboard_says_how_to_install_it():
     code = ("import sys; sys.modules['aiohttp'] = None\n"
             "from litz.cli.litzctl import main; sys.exit(main(['dashboard']))")

@@ -36,7 +36,8 @@ class LauncherDashboard:
             family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
             self.sock = socket.create_server((self.host, port), family=family)
         except OSError as exc:
-            raise LitzError(f"--dashboard {address}: cannot listen there: {exc.strerror or exc}") from None
+            why = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise LitzError(f"--dashboard {address}: cannot listen there: {why}") from None
         self.port = self.sock.getsockname()[1]
         self.proc: subprocess.Popen | None = None
 

@@ -175,11 +175,15 @@ class Dashboard:
             hub = self.hubs[name] = Hub(JobFeed(self.kv, name, self.secret_file))
         feed = hub.feed
         assert feed is not None
+        idle = hub.task is None  # no page had it open: what it holds may be old
 
         async def first() -> list[tuple[int, str, dict]]:
             if not feed.seq:  # nothing read yet: the hub's first poll sends the snapshot
                 return []
-            snap = await asyncio.get_running_loop().run_in_executor(None, feed.snapshot)
+            loop = asyncio.get_running_loop()
+            if idle:
+                await loop.run_in_executor(None, feed.poll)  # what changed goes into the snapshot
+            snap = await loop.run_in_executor(None, feed.snapshot)
             return [(snap.pop("seq"), "snapshot", snap)]
 
         return await self.stream(request, hub, first)

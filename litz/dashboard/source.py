@@ -52,7 +52,8 @@ class JobFeed:
     def __init__(self, kv: Any, name: str, secret_file: str | None = None, home: str | None = None):
         self.job = Membership(kv, name)
         self.name, self.secret_file, self.home = name, secret_file, home or litz_home()
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # the state, between the polling thread and the pages' snapshots
+        self.poll_lock = threading.Lock()
         self.seq = 0
         self.instance: str | None = None  # the master we follow; a new one (the job run again) starts over
         self.info: dict = {"name": name}
@@ -87,7 +88,12 @@ class JobFeed:
     # -- reading the registry ----------------------------------------------------------------------------
     def poll(self) -> list[tuple[int, str, dict]]:
         """Read the job's status; return what changed, as messages: ``snapshot`` (start over: a new master, a
-        gap filled), ``status`` (a new status with its sample, new events and report row), ``ended``."""
+        gap filled, the job ended) or ``status`` (a new status with its sample, new events and report row).
+        One caller at a time (a page opened while the feed was idle polls it before taking its snapshot)."""
+        with self.poll_lock:
+            return self._poll()
+
+    def _poll(self) -> list[tuple[int, str, dict]]:
         st = self.job.get("status")
         if st is None or self.instance is None:
             master = self.job.master()
@@ -100,7 +106,7 @@ class JobFeed:
             last = self.status
         if last is not None and st.get("elapsed_s", 0) < last.get("elapsed_s", 0):
             self.instance = None  # a new master under the job's name: start over
-            return self.poll()
+            return self._poll()
         if last is not None and st.get("elapsed_s") == last.get("elapsed_s"):
             return []
         return self._take(st, self.job.members())
@@ -163,7 +169,7 @@ class JobFeed:
         if n - self.events_n > len(tail) and time.time() - self._refetched > REFETCH_S:
             # more events since the last status than it carries: fetch them all (rare: a burst of steals)
             self.instance = None
-            return self.poll()
+            return self._poll()
         with self.lock:
             fresh = min(max(n - self.events_n, 0), len(tail))
             new_events = tail[len(tail) - fresh:] if fresh else []
