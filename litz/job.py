@@ -13,7 +13,7 @@ from typing import Any
 from .appload import App, load_app
 from .errors import LitzError
 from .finished import record_finished, registry_name
-from .joblog import JobLog, make_parent
+from .joblog import JobLog, config_shown, make_parent
 from .master import Master
 from .membership import Membership
 from .membership.membership import litz_home
@@ -21,7 +21,8 @@ from .outofcore import parse_bytes
 
 JOB_OPTIONS = {"name", "etcd", "shards", "output", "metrics", "progress", "start_timeout", "home", "checkpoint_dir",
                "checkpoint_every", "checkpoint_keep", "resume", "partial_recovery", "priority_checkpoint",
-               "memory_limit", "server_memory_limit", "driver", "executor", "placement", "steal"}
+               "memory_limit", "server_memory_limit", "driver", "executor", "placement", "steal", "dashboard",
+               "allow_control"}
 
 
 def positive_int(value: Any, what: str) -> int:
@@ -112,7 +113,7 @@ def run_job(app: App, membership: Membership, secret: str, *, config: dict | Non
         record_finished(home or litz_home(), membership.job, {  # next to the history: litzctl list shows it
             "name": membership.job, "app": app.name, "state": master.state, "started": started, "ended": time.time(),
             "tasks_completed": master.tasks_completed, "result": os.path.abspath(output) if output else None,
-            "registry": registry_name(membership.kv)})
+            "registry": registry_name(membership.kv), "config": config_shown(config)})
         membership.unregister()
         membership.clear()
         master.close()

@@ -36,6 +36,23 @@ def check_json(value: Any, what: str) -> Any:
     return value
 
 
+def config_shown(config: dict | None, limit: int = 1000) -> dict:
+    """The job's config as people see it (the registry, the history, the dashboard): JSON values, each cut to a
+    short repr where it is not JSON or longer than ``limit`` characters (an array passed to ``litz.run``)."""
+    shown = {}
+    for key, value in (config or {}).items():
+        try:
+            value = _jsonable(value)
+            if len(json.dumps(value)) <= limit:
+                shown[str(key)] = value
+                continue
+        except (TypeError, ValueError):
+            pass
+        text = repr(value)
+        shown[str(key)] = text if len(text) <= 200 else text[:197] + "..."
+    return shown
+
+
 HISTORY_ROWS = 10_000  # --metrics rows a job keeps for its history ($LITZ_HOME/history) and litzctl plot
 HISTORY_JOBS = 20  # finished jobs whose history $LITZ_HOME/history keeps ($LITZ_HISTORY_KEEP)
 

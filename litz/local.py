@@ -158,7 +158,8 @@ def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = No
     proportion to the workers' measured speeds; ``even``: by count; or a :class:`litz.placement.Policy` object),
     ``steal`` (with ``speed``, on unless False: an idle worker takes an executor with queued tasks from one behind,
     between rebalances). ``driver`` / ``executor``: the names of the classes to run, where the app's module holds
-    more than one of a kind.
+    more than one of a kind. ``dashboard``: ``"[HOST:]PORT"``, serve the job's live web page while it runs
+    (:mod:`litz.dashboard`), with its controls if ``allow_control``.
     A lost worker or server is replaced and the job recovers from the latest checkpoint.
     """
     positive_int(workers, "workers")
@@ -168,12 +169,18 @@ def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = No
     unknown = set(options) - JOB_OPTIONS
     if unknown:
         raise LitzError(f"unknown option(s): {', '.join(sorted(unknown))}")
+    dashboard_at, allow_control = options.pop("dashboard", None), options.pop("allow_control", False)
     # imported here, so the forked children have it too
     app = resolve_app(app, options.pop("driver", None), options.pop("executor", None))
     home = options.pop("home", None) or litz_home()
     etcd = options.pop("etcd", None)
     name = options.pop("name", None) or default_name(app)
     secret = new_secret()
+    dashboard = None
+    if dashboard_at is not None:  # the port is bound now: a busy one fails before the job starts
+        from .dashboard.launch import LauncherDashboard
+
+        dashboard = LauncherDashboard(str(dashboard_at), allow_control)
     # before anything of this job starts a thread (an etcd client does): the fork server is forked now
     children = LocalProcesses(name, home, secret, etcd, options.pop("server_memory_limit", None))
     try:
@@ -185,6 +192,8 @@ def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = No
             for role, count in (("server", servers), ("worker", workers)):
                 for _ in range(count):
                     children.start(role)
+            if dashboard is not None:
+                dashboard.start(name, home, etcd)
 
         # published in the registry for litzctl, which signs its requests with it (litz.control): the directory
         # registry is this user's alone (litz.private); in etcd it is as exposed as a cluster master's secret
@@ -194,3 +203,5 @@ def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = No
                        listen=listen_address(local_dir=children.local_dir), **options)
     finally:
         children.close_forks()  # when the job never started its children (refused, bad etcd address)
+        if dashboard is not None:
+            dashboard.stop()

@@ -29,7 +29,7 @@ from .control import Refusal, RequestVerifier
 from .endpoint import listen_host
 from .errors import LitzError, RegistryUnavailable, app_code, app_error
 from .guard import BadMessage
-from .joblog import JobLog, check_json
+from .joblog import JobLog, check_json, config_shown
 from .kernels import FIRST_RUN, app_kernels, compile_all, preload, watch
 from .keys import ShardMap
 from .membership import Membership
@@ -53,6 +53,8 @@ STATUS_EVERY_S = 1.0
 REFUSED_WARNINGS = (10.0, 5)  # refused litzctl requests: at most 5 warnings every 10 s, the rest counted
 _ANY_EPOCH = (P.HELLO, P.READY)  # messages the master takes whatever epoch they were sent at
 HISTORY_SAMPLES = 3600  # an hour of once-a-second samples for litzctl plot
+EVENT_STATUS_S = 0.2  # a new event publishes the status this soon (a dashboard shows it within a second)
+STATUS_EVENTS = 20  # the latest events in the status, for the dashboard; it fetches the rest on a gap
 MAX_FOREIGN_KEYS = 4096  # more keys written elsewhere since a worker's last dispatch: it drops every live entry
 # placement "speed" (docs/design.md, "Placement policy"): how often the speeds are offered to the policy (its
 # hysteresis: litz.placement.SpeedPolicy), and the completions a worker must have reported before its speed counts
@@ -73,6 +75,14 @@ def open_wake_socket(host: str) -> socket.socket | None:
         return sock
     except OSError:
         return None
+
+
+def status_sample(st: dict) -> dict:
+    """A status reduced to one point of the job's history (litzctl plot, the dashboard's charts)."""
+    return {"t": st["elapsed_s"], "tasks_completed": st["tasks_completed"], "tasks_per_s": st["tasks_per_s"],
+            "workers": len(st["workers"]), "servers": len(st["servers"]), "report": st["report"],
+            "workers_memory": sum(w["memory"] or 0 for w in st["workers"]),
+            "servers_memory": sum(s["memory"] or 0 for s in st["servers"])}
 
 
 class ReadInterrupted(BaseException):
@@ -194,6 +204,7 @@ class Master(Process):
                                  priority=priority_checkpoint)
         self.memory_limit = memory_limit  # per worker, for executor state (out-of-core beyond it)
         self.history: list[dict] = []  # status samples over time, for litzctl plot
+        self.events_published = 0  # events in the last published status
         self.compiling: str | None = None  # the numba kernel this process compiles now (litz.kernels)
         self._compiles = [0, 0]  # kernels compile_kernels has started, of how many
         self.resume = resume
@@ -236,7 +247,7 @@ class Master(Process):
     def register(self) -> None:
         info = {"address": self.endpoint.address, "app": self.app.name, "instance": self.instance,
                 # servers read this as they start, so they keep every key's first value from the first update
-                "running_checkpoint": self.recovery.priority is not None}
+                "running_checkpoint": self.recovery.priority is not None, "config": config_shown(self.config)}
         if self.wake is not None:
             info["wake"] = [self.wake_host, self.wake.getsockname()[1]]
         self.membership.register_master(info)
@@ -306,7 +317,8 @@ class Master(Process):
                 except RegistryUnavailable:
                     pass  # litzctl cannot reach the registry either; its requests wait there (R1)
                 self.after_batch()
-            if now - last_status > STATUS_EVERY_S:
+            if now - last_status > STATUS_EVERY_S or (len(self.joblog.events) != self.events_published
+                                                       and now - last_status > EVENT_STATUS_S):
                 last_status = now
                 self.publish_status()
             if self.owners.policy.uses_speeds and now - last_speeds > self.speed_check_s:
@@ -1241,7 +1253,8 @@ class Master(Process):
                 elif command == "plot":
                     self.membership.respond(rid, {"ok": True, "message": "history", "history": self.history,
                                                   "metrics": list(self.joblog.rows)[-2000:],
-                                                  "events": self.joblog.events[-1000:], "name": self.membership.job})
+                                                  "events": self.joblog.events[-1000:], "name": self.membership.job,
+                                                  "events_n": len(self.joblog.events)})
                     continue
                 elif command == "memory-limit":
                     self.memory_limit = parse_bytes(args["bytes"])
@@ -1361,6 +1374,8 @@ class Master(Process):
             "waiting": self.waiting_for() if self.state == "waiting" else None,
             "placement": self.placement, "stealing": self.stealing is not None,
             "steals": self.stealing.count if self.stealing is not None else 0,
+            # the latest events and how many there are, so a reader of the status (the dashboard) misses none
+            "events_n": len(self.joblog.events), "events": self.joblog.events[-STATUS_EVENTS:],
             "workers": [{"id": m.ident, "pid": m.info.get("pid"), "host": m.info.get("host"), "state": m.state,
                          "address": m.info.get("address"),
                          "executors": owned.get(m.ident, []), "memory": m.stats.get("rss"),
@@ -1387,11 +1402,8 @@ class Master(Process):
 
     def publish_status(self) -> None:
         st = self.status()
-        self.history.append({
-            "t": st["elapsed_s"], "tasks_completed": st["tasks_completed"], "tasks_per_s": st["tasks_per_s"],
-            "workers": len(st["workers"]), "servers": len(st["servers"]), "report": st["report"],
-            "workers_memory": sum(w["memory"] or 0 for w in st["workers"]),
-            "servers_memory": sum(s["memory"] or 0 for s in st["servers"])})
+        self.events_published = st["events_n"]
+        self.history.append(status_sample(st))
         del self.history[:-HISTORY_SAMPLES]
         outages = self.membership.registry_outages()
         for since, until in outages[self._outages_logged:]:

@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ..appoutput import result_only_stdout
+from ..errors import LitzError
 from ..outofcore import parse_bytes
 from ..placement import POLICIES
 from .common import Parser, add_etcd_options, etcd_options, main_guard, parse_config
@@ -87,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--servers", type=_positive, default=1, help="server processes (default 1)")
     run.add_argument("--name", help="job name for litzctl (default: APP-PID-TIME)")
     run.add_argument("--server-memory-limit", metavar="BYTES", help="memory budget per server for its shards")
+    run.add_argument("--dashboard", metavar="[HOST:]PORT", help="serve the job's live web page while it runs "
+                     "(default host 127.0.0.1; another needs the token it prints); needs litz[dashboard]")
+    run.add_argument("--allow-control", action="store_true", help="with --dashboard: let the page scale, drain, "
+                     "checkpoint, set the memory limit and stop")
     add_etcd_options(run, "register every process in this etcd (default: a local registry directory, "
                      "$LITZ_HOME or ~/.litz)")
     master = sub.add_parser("master", help="cluster mode: the job's master",
@@ -154,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
                 opts["etcd"] = etcd_options(args)
             if args.server_memory_limit:
                 opts["server_memory_limit"] = parse_bytes(args.server_memory_limit)
+            if args.dashboard:
+                opts["dashboard"], opts["allow_control"] = args.dashboard, args.allow_control
+            elif args.allow_control:
+                raise LitzError("--allow-control needs --dashboard")
             with result_only_stdout():
                 app = resolve_app(args.app, args.driver, args.executor)
                 result = litz.run(app, workers=args.workers, servers=args.servers, executors=args.executors,

@@ -64,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
     ml.add_argument("bytes", help="bytes, or a number with K, M, G (e.g. 512M)")
     pl = sub.add_parser("plot", help="plot metrics, processes and events over time (also of an ended job)")
     pl.add_argument("out", metavar="OUT.png", help="the image to write (.png, .svg, .pdf)")
+    db = sub.add_parser("dashboard", help="serve a live web page of the job (of every job without --name), also "
+                        "of an ended one (needs litz[dashboard])")
+    db.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; any other "
+                    "needs the token printed at start on every request)")
+    db.add_argument("--port", type=int, default=8265, help="port (default 8265; 0: any free one)")
+    db.add_argument("--allow-control", action="store_true", help="let the page scale, drain, checkpoint, set the "
+                    "memory limit and stop (signed as litzctl's commands are)")
     return p
 
 
@@ -180,6 +187,27 @@ def wake(master: dict) -> None:
         pass
 
 
+def send_request(job: Membership, master: dict, args: argparse.Namespace) -> dict:
+    """Carry out a parsed signed command (``args``: this parser's namespace) on the job's master and return its
+    answer: signed with the job secret, posted, the master woken. One line (LitzError) if it is refused or not
+    answered. The one way any command steers a job: litzctl's own and the dashboard's buttons."""
+    secret = job_secret(job, getattr(args, "secret_file", None), wait_s=SECRET_WAIT_S)
+    request = {k: v for k, v in vars(args).items() if k not in ("name", "command", "secret_file", *ETCD_ARGS)}
+    rid = job.post_request(args.command, request, secret)
+    wake(master)
+    try:
+        resp = job.wait_response(rid, REQUEST_TIMEOUT_S)
+    except LitzError:
+        if args.command == "stop":  # the job ended (its registry entries, our answer too, went with it)
+            return {"ok": True, "message": "job stopped"}
+        raise
+    if resp is None:
+        raise LitzError(f"job {job.job!r} did not answer {args.command!r} within {REQUEST_TIMEOUT_S:.0f} s")
+    if not resp.get("ok"):
+        raise LitzError(resp.get("message", "refused"))
+    return resp
+
+
 def plot_ended(name: str, out: str) -> int:
     from ..membership.membership import litz_home
     from .plot import load_history, plot_history
@@ -202,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "list":
             print(format_list(kv.get_prefix("litz/jobs/"), recent(registry_name(kv)), time.time()))
             return 0
+        if args.command == "dashboard":
+            from ..dashboard import serve
+
+            return serve(kv, args.name, host=args.host, port=args.port, allow_control=args.allow_control,
+                         secret_file=args.secret_file)
         if not args.name:
             raise LitzError("--name is required (see `litzctl list`)")
         job = Membership(kv, args.name)
@@ -217,22 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise LitzError(f"job {args.name!r} has not published its status yet; try again")
             print(json.dumps(st, indent=1) if args.json else format_status(st))
             return 0
-        secret = job_secret(job, args.secret_file, wait_s=SECRET_WAIT_S)
-        request = {k: v for k, v in vars(args).items() if k not in ("name", "command", "secret_file", *ETCD_ARGS)}
         t0 = time.time()
-        rid = job.post_request(args.command, request, secret)
-        wake(master)
-        try:
-            resp = job.wait_response(rid, REQUEST_TIMEOUT_S)
-        except LitzError:
-            if args.command == "stop":  # the job ended (its registry entries, our answer too, went with it)
-                print("job stopped")
-                return 0
-            raise
-        if resp is None:
-            raise LitzError(f"job {args.name!r} did not answer {args.command!r} within {REQUEST_TIMEOUT_S:.0f} s")
-        if not resp.get("ok"):
-            raise LitzError(resp.get("message", "refused"))
+        resp = send_request(job, master, args)
         if args.command == "plot":
             from .plot import plot_history
 
