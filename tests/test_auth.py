@@ -69,7 +69,10 @@ def test_endpoint_rejects_strangers(mode):
     try:
         evil, monitor = attacker_socket(ctx, victim.address, mode)
         assert handshake(monitor) == ("succeeded" if mode == "right-key" else "failed")
-        evil.send_multipart(wire.encode((P.STOP,)))
+        try:
+            evil.send_multipart(wire.encode((P.STOP,)))
+        except zmq.Again:  # a refused handshake may leave no connection to queue on: nothing can be delivered
+            assert mode != "right-key"
         friend.connect("victim", victim.address)
         friend.send("victim", ("hello", 1))
         want = [("master", (P.STOP,))] * (mode == "right-key") + [("friend", ("hello", 1))]
