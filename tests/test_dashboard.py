@@ -116,9 +116,9 @@ def test_live_page_follows_the_job_and_its_buttons_steer_it(litz_home, tmp_path)
             wait_for(lambda: all(w.get("budget") == 256 << 20 for w in (status("live") or {}).get("workers", [{}])),
                      10, "the workers' budget set by the page")
             drained = page.get_attribute("#workers tbody tr:not(.gone) button.drain", "data-id")
-            page.click(f"#workers tbody tr:not(.gone) button.drain[data-id={drained}]")
             left = [w["id"] for w in (status("live") or {}).get("workers", [])]
             assert drained in left and len(left) == 2, left
+            page.click(f"#workers tbody tr:not(.gone) button.drain[data-id={drained}]")
             wait_for(lambda: [w["id"] for w in (status("live") or {}).get("workers", [])] == [
                 w for w in left if w != drained], 20, f"the job to drain {drained} after the page's drain")
             page.wait_for_selector(f"#workers tbody tr.gone[data-id={drained}] .state.left", timeout=5000)
