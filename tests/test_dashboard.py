@@ -293,3 +293,44 @@ def test_without_aiohttp_the_dashboard_says_how_to_install_it():
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert res.returncode == 2
     assert res.stderr == "litzctl: error: the dashboard needs aiohttp and plotly: pip install 'litz[dashboard]'\n"
+
+
+@needs_chromium
+@pytest.mark.timeout(120)
+def test_cluster_mode_dashboard_reads_the_job_from_etcd_and_follows_a_joining_worker(etcd):
+    """Cluster mode through real etcd: `litzctl --etcd ... dashboard` serves a job whose master, server and workers
+    were started apart; its list names the job, its page shows the roles, and a worker started later appears on
+    the open page without a reload."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.test_cluster import role
+
+    e, name, port = etcd.endpoint, "dash-cluster", free_port()
+    url = f"http://127.0.0.1:{port}/"
+    with Processes() as procs:
+        procs.start(role("server", e, name))
+        procs.start(role("worker", e, name))
+        master = procs.start(["litz", "master", app_path("training"), "--etcd", e, "--name", name, "--min-workers",
+                              "1", "--executors", "4", "--placement", "even", "--no-progress",
+                              "--config", "epochs=100000", "task_s=0.01"])
+        wait_for(lambda: (s := status(name, e)) and s["state"] == "running", 60, "the cluster job to run")
+        dash = procs.start(["litzctl", "--etcd", e, "dashboard", "--port", str(port)])
+        wait_for(lambda: serving(url), 30, "the dashboard to answer")
+        with sync_playwright() as p:
+            b = browser(p)
+            page = b.new_page()
+            page.goto(url)
+            page.wait_for_selector(f"a[href$='job/{name}']", timeout=15000)
+            page.click(f"a[href$='job/{name}']")
+            page.wait_for_function("document.querySelectorAll('#workers tbody tr').length === 1", timeout=15000)
+            assert page.eval_on_selector_all("#servers tbody tr", "rs => rs.length") == 1
+            page.evaluate("window.__notReloaded = true")
+            procs.start(role("worker", e, name))  # joins the running job: the balancer gives it executors
+            page.wait_for_function("document.querySelectorAll('#workers tbody tr:not(.gone)').length === 2",
+                                   timeout=30000)
+            assert page.evaluate("window.__notReloaded === true")
+            b.close()
+        assert run_cli(["litzctl", "--etcd", e, "--name", name, "stop"]).returncode == 0
+        master.communicate(timeout=60)
+        dash.terminate()
+        dash.wait(10)
