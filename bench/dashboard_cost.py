@@ -13,7 +13,7 @@ two of the master's own status documents: their ``tasks_completed`` and ``elapse
 stopped (``litzctl stop``). Rounds are interleaved ``--repeats`` times; the table shows medians. The ratio is
 page / baseline. The CPU seconds the dashboard's server and Chromium took in the window are recorded too: on
 this 2-core machine the browser runs beside the job, where a user's runs on their own machine.
-Target: >= 0.97x (the machine's noise is about 2 %).
+Target: >= 0.99x (the dashboard adds no more than 1 %; the machine's noise is about 2 %, so read the rounds' spread).
 """
 from __future__ import annotations
 
@@ -175,19 +175,19 @@ def main() -> int:
     page_rate = statistics.median(r["page"]["rate"] for r in rounds)
     ratio = statistics.median(r["ratio"] for r in rounds)
     cpu = statistics.median(r["page"]["dashboard_and_browser_cpu_s"] / r["page"]["window_s"] for r in rounds)
-    met = ratio >= 0.97
-    doc = {"target": "page open >= 0.97x no dashboard", "met": met, "none_tasks_per_s": none_rate,
+    met = ratio >= 0.99
+    doc = {"target": "page open >= 0.99x no dashboard", "met": met, "none_tasks_per_s": none_rate,
            "page_tasks_per_s": page_rate, "ratio": ratio, "dashboard_and_browser_cpu_share": cpu,
            "window_s": window, "inflight": args.inflight, "workers": 2, "servers": 1, "rounds": rounds}
     path = _table.write_result("dashboard_cost", doc, quick=args.quick)
     print(f"median: no dashboard {none_rate:,.0f} tasks/s, page open {page_rate:,.0f} tasks/s, {ratio:.3f}x "
-          f"(target >= 0.97x: {'met' if met else 'MISSED'}); dashboard + browser used {cpu:.2f} of a core -> {path}")
+          f"(target >= 0.99x: {'met' if met else 'MISSED'}); dashboard + browser used {cpu:.2f} of a core -> {path}")
     if not args.quick:
         _table.update_rows({"dashboard_cost": [
             f"page open: {page_rate:,.0f} tasks/s (server + headless Chromium on the same 2 cores: "
             f"{cpu:.2f} of a core)", f"no dashboard: {none_rate:,.0f} tasks/s",
             f"{ratio:.3f}x (rounds {min(r['ratio'] for r in rounds):.2f}-{max(r['ratio'] for r in rounds):.2f}x)",
-            ">= 0.97x",
+            ">= 0.99x",
             _table.yes_no(met), _table.today()]})
     return 0
 
