@@ -85,15 +85,13 @@ def install_trace() -> types.ModuleType:
 
     def on_handle(self, sender, msg):  # noqa: ANN001, ANN202
         if msg[0] == P.TASKS:
-            note("deliver", [t[0] for t in msg[1]])
-        elif msg[0] == getattr(P, "RELEASE", None):
-            note("release_msg", list(msg[1]))
+            note("deliver", [t[0] for t in msg[1]] + [t[0] for t in (msg[4] if len(msg) > 4 else ())])
 
     wrap(w.Worker, "handle", on_handle)
     wrap(w.Worker, "flush", lambda self: note("flush", [tid for tid, _ in self.completed]))
     wrap(w.Worker, "send_done", lambda self, results, *a: note("ack", [tid for tid, _ in results]))
-    if hasattr(w.Worker, "release_dependents"):
-        wrap(w.Worker, "release_dependents", lambda self, tids, *a: note("release", list(tids)))
+    if hasattr(w.Worker, "release"):  # a task sent ahead may start (its closure is done here)
+        wrap(w.Worker, "release", lambda self, task: note("release", [task.tid]))
 
     def on_done(self, results):  # noqa: ANN001, ANN202
         note("result", [tid for tid, _ in results])
@@ -105,12 +103,15 @@ def install_trace() -> types.ModuleType:
     return trace
 
 
+AHEAD = 2  # successors sent ahead: the driver hears of task n - 1 while n runs, so n + 1 must be out already
+
+
 def run_chain(rounds: int, ahead: bool, trace: types.ModuleType) -> dict:
     trace.records.clear()
     trace.names.clear()
     result = litz.run(CHAIN, workers=2, servers=1, executors=4, placement="even", steal=False, progress=False,
                       name=f"bench-round-latency-{os.getpid()}",
-                      config={"rounds": rounds, "pairs": list(PAIRS.values()), "ahead": int(ahead)})
+                      config={"rounds": rounds, "pairs": list(PAIRS.values()), "ahead": AHEAD if ahead else 0})
     return analyse(result, trace)
 
 
@@ -137,7 +138,7 @@ def analyse(result: dict, trace: types.ModuleType) -> dict:
             if not a or not b or "ack" not in a or "flush" not in a:
                 continue
             step = {"flush": a["flush"] - a["end"], "ack": a["ack"] - a["flush"]}
-            released = b.get("release", b.get("release_msg"))
+            released = b.get("release")
             if result["ahead"] and released is not None:
                 step["release"] = released - a["ack"]
                 ready = max(released, b.get("deliver", released))

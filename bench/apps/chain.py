@@ -3,8 +3,9 @@ read the new value. Nothing runs in parallel, so each round's time is the runtim
 to the next task's start with the predecessor's update in hand (``bench/round_latency.py``).
 
 Config: ``rounds`` per pair, ``pairs`` (list of [executor, executor] that alternate: [0, 1] on one worker and
-[0, 2] across two with 4 executors on 2 workers), ``ahead`` (1: dispatch each successor before its predecessor
-completes, naming it in ``after=``). Every task checks that it read exactly the count of the tasks before it.
+[0, 2] across two with 4 executors on 2 workers), ``ahead`` (k > 0: keep k successors dispatched before their
+predecessors complete, each naming the one before in ``after=``; 0: dispatch each task on its predecessor's
+completion). Every task checks that it read exactly the count of the tasks before it.
 The result holds one record per task: executor, timestamps in the task (``time.perf_counter``, one clock for
 every process of the machine) and any runtime trace records of its worker (:mod:`round_latency` installs them).
 """
@@ -22,44 +23,38 @@ class ChainDriver(litz.Driver):
     def dispatch_initial_tasks(self) -> None:
         self.rounds = int(self.config.get("rounds", 500))
         self.pairs = [tuple(p) for p in self.config.get("pairs", [[0, 1], [0, 2]])]
-        self.ahead = bool(self.config.get("ahead", 0))
+        self.ahead = int(self.config.get("ahead", 0))  # successors dispatched before their predecessor completes
         self.records: list[dict] = []
-        self.phase, self.n = 0, 0
+        self.phase = 0
         self._start_phase()
 
-    def _key(self) -> str:
-        return f"count{self.phase}"
-
-    def _args(self, n: int) -> tuple:
-        return self._key(), n
-
-    def _executor(self, n: int) -> int:
-        return self.pairs[self.phase][n % 2]
-
     def _start_phase(self) -> None:
-        self.n = 0
-        self.last = self.dispatch_task(self._executor(0), self._args(0))
-        if self.ahead:  # the successor goes out at once, waiting on the worker for its predecessor's flush
-            self.last = self.dispatch_task(self._executor(1), self._args(1), after=self.last)
+        self.n = self.sent = 0
+        self.last = None
+        self._send()
+
+    def _send(self) -> None:
+        """Keep ``ahead`` tasks dispatched beyond the one the chain waits for, each after the one before."""
+        while self.sent < self.rounds and self.sent <= self.n + self.ahead:
+            e, args = self.pairs[self.phase][self.sent % 2], (f"count{self.phase}", self.sent)
+            if self.ahead and self.last is not None:
+                self.last = self.dispatch_task(e, args, after=self.last)
+            else:
+                self.last = self.dispatch_task(e, args)
+            self.sent += 1
 
     def handle_task_completion(self, result: dict) -> None:
         result["phase"] = self.phase
         self.records.append(result)
         self.n += 1
-        if self.n == self.rounds:
-            self.phase += 1
-            if self.phase == len(self.pairs):
-                self.finish({"records": self.records, "rounds": self.rounds, "pairs": self.pairs,
-                             "ahead": self.ahead})
-                return
-            self._start_phase()
+        if self.n < self.rounds:
+            self._send()
             return
-        nxt = self.n + 1 if self.ahead else self.n
-        if nxt < self.rounds:
-            if self.ahead:
-                self.last = self.dispatch_task(self._executor(nxt), self._args(nxt), after=self.last)
-            else:
-                self.dispatch_task(self._executor(nxt), self._args(nxt))
+        self.phase += 1
+        if self.phase < len(self.pairs):
+            self._start_phase()
+        else:
+            self.finish({"records": self.records, "rounds": self.rounds, "pairs": self.pairs, "ahead": self.ahead})
 
 
 class ChainExecutor(litz.Executor):
