@@ -62,9 +62,13 @@ class Driver:
         return result
 
     # -- provided by the framework -------------------------------------------------------------------
-    def dispatch_task(self, executor: int, args: Any = None) -> None:
-        """Queue a micro-task for ``executor``; it observes every update of every task already completed."""
-        self._litz.dispatch_task(executor, args)
+    def dispatch_task(self, executor: int, args: Any = None, after: int | Iterable[int] | None = None) -> int:
+        """Queue a micro-task for ``executor``; it observes every update of every task already completed. Returns
+        the task's id. ``after``: ids of earlier tasks, complete or not: the task starts once they have completed and
+        observes their updates too (and, transitively, those of the tasks they were dispatched after). Where those
+        ran on the task's worker, it starts there as soon as their updates are acknowledged, without a round trip
+        through the master (docs/design.md, "Dependent dispatch")."""
+        return self._litz.dispatch_task(executor, args, after)
 
     def ps_get(self, key: Hashable) -> Any:
         """The value of ``key`` (read-only numpy array or number), or None if never updated. It holds every update

@@ -22,6 +22,7 @@ import numpy as np
 
 from . import clock
 from . import protocol as P
+from .after import Dependencies
 from .appload import App
 from .cache import read_only
 from .checkpoint import CheckpointStore
@@ -198,6 +199,9 @@ class Master(Process):
         self._rate_samples: list[tuple[float, int]] = [(clock.time(), 0)]
         self.sent_in_flight = 0  # dispatched tasks handed to workers and not completed
         self.paused_tasks: list[tuple] = []  # dispatched while a checkpoint holds dispatch
+        self.paused_after: dict[int, tuple] = {}  # task id of a paused task -> the closure it waits for (after=)
+        self.after: Dependencies | None = None  # made at the driver's first after= (docs/design.md, A1-A6)
+        self.done_seen: dict[str, int] = defaultdict(int)  # worker -> DONE messages handled this epoch (A4)
         self.faults: list[tuple[float, str, int]] = []  # (when, process id, signal) from litzctl kill
         store = CheckpointStore(checkpoint_dir, checkpoint_keep) if checkpoint_dir else None
         self.recovery = Recovery(self, store, checkpoint_every, partial=partial_recovery,
@@ -562,6 +566,10 @@ class Master(Process):
         self.copied_ready.clear()
         self.held.clear()
         self.paused_tasks.clear()
+        self.paused_after.clear()
+        self.done_seen.clear()
+        if self.after is not None:
+            self.after.reset()
         self.outbox.clear()
         self.foreign_writes.clear()  # the workers start with empty caches
         self.exit_fences.clear()  # and the servers with no forwards and no fences
@@ -580,15 +588,20 @@ class Master(Process):
         self.driver = driver
         self.version = max(self.version, state["version"]) + 1
         self.tasks_completed = state["tasks_completed"]
+        self.next_tid = max(self.next_tid, state.get("next_tid", 0))  # ids the restored driver holds stay unique
         self.started = True
         self.state = "running"
-        for eid, args in state["held"]:
-            self.dispatch_task(eid, args)
+        for held in state["held"]:  # (tid, eid, args, closure): again under its id, after the same tasks (A6)
+            if len(held) == 2:
+                self.dispatch_task(*held)
+            else:
+                self.dispatch_task(held[1], held[2], after=held[3] or None, tid=held[0])
 
     # -- messages ------------------------------------------------------------------------------------
     def handle(self, sender: str, msg: tuple) -> None:
         tag = msg[0]
         if tag == P.DONE:
+            self.done_seen[sender] += 1  # told back on TASKS: the worker may forget these tasks (A4)
             if not all(type(r) is tuple and len(r) == 2 for r in msg[1]):  # never the driver's fault: checked first
                 raise BadMessage("DONE with a result that is not a (task id, result) pair")
             if len(msg) > 3:  # how long the batch's tasks ran: the worker's speed
@@ -640,6 +653,9 @@ class Master(Process):
             self.recovery.on_priority_saved(sender, tuple(msg[1:5]), msg[5])
         elif tag == P.FAIL:
             raise app_error(msg[1], msg[2])
+        elif tag == P.HELD_BACK:
+            if self.after is not None:
+                self.after.given_back(msg[1])
         elif tag == P.VALUES:
             pass  # a late answer to a driver read that a loss interrupted (D2)
         elif tag == P.HELLO:
@@ -694,13 +710,15 @@ class Master(Process):
         if self.stealing is not None:
             self.stealing.done(results)
         with app_code("driver handle_task_completion"):  # once for the batch: this runs for every task
-            for _tid, result in results:
+            for tid, result in results:
                 if self.finished:
                     return
                 self.in_flight -= 1
                 self.sent_in_flight -= 1
                 self.tasks_completed += 1
                 self.version += 1
+                if self.after is not None:
+                    self.after.completed(tid)
                 driver.handle_task_completion(result)
 
     def on_partial_recovery(self, info: dict) -> bool | None:
@@ -727,6 +745,9 @@ class Master(Process):
                 foreign[worker] = dict.fromkeys(keys)  # a dict, not a set: the keys go out in the order written
 
     def flush_outbox(self) -> None:
+        if self.after is not None:
+            self.flush_outbox_after()
+            return
         if self.outbox:
             out, self.outbox = self.outbox, defaultdict(list)
             foreign = self.foreign_writes
@@ -736,25 +757,50 @@ class Master(Process):
                 written = foreign.pop(worker, ())
                 self.send(worker, (P.TASKS, tasks, None if written is None else list(written)))
 
+    def flush_outbox_after(self) -> None:
+        """flush_outbox once the driver has used after=: TASKS also carry the DONE count (A4) and the tasks sent
+        ahead, with their closures (A1)."""
+        ahead = self.after.ahead
+        if not self.outbox and not ahead:
+            return
+        out, self.outbox = self.outbox, defaultdict(list)
+        foreign = self.foreign_writes
+        for worker in list(dict.fromkeys([*out, *ahead])):
+            tasks, early = out.get(worker, []), self.after.take_ahead(worker)
+            if self.stealing is not None:
+                self.stealing.sent(tasks + early)
+            written = foreign.pop(worker, ())
+            self.send(worker, (P.TASKS, tasks, None if written is None else list(written), self.done_seen[worker],
+                               early))
+
     def check_progress(self) -> None:
         if not self.finished and self.in_flight == 0:
             raise LitzError("the driver has no micro-tasks in flight and did not call finish()")
 
     # -- the driver's context (bound as Driver._litz) ------------------------------------------------
-    def dispatch_task(self, executor: int, args: Any) -> None:
+    def dispatch_task(self, executor: int, args: Any, after: Any = None, tid: int | None = None) -> int:
+        """``tid``: a restore dispatches a checkpoint's held task again under its id (A6)."""
         if not isinstance(executor, (int, np.integer)) or not 0 <= executor < self.num_executors:
             raise ValueError(f"dispatch_task: executor must be an int in [0, {self.num_executors}), "
                              f"got {executor!r}")
         eid = int(executor)
+        if after is not None and self.after is None:
+            self.after = Dependencies(self)  # before this task counts: the ones in flight now are the early ones
         # the id names the executor too (id % executors): the stealing extension counts a DONE's tasks per executor
         # with no table of ids
-        task = (self.next_tid * self.num_executors + eid, eid, self.version, args)
-        self.next_tid += 1
+        if tid is None:
+            tid = self.next_tid * self.num_executors + eid
+            self.next_tid += 1
+        task = (tid, eid, self.version, args)
         self.in_flight += 1
+        if self.after is not None:
+            self.after.dispatch(task, [after] if isinstance(after, (int, np.integer)) else after)
+            return tid
         if self.recovery.paused:
             self.paused_tasks.append(task)  # a checkpoint is being taken: part of it, sent after it
         else:
             self.route(task)
+        return tid
 
     def driver_get_many(self, keys: list) -> list:
         """The driver's ``ps_get_many``: each key's value from the server of its shard in this master's map, read-only,
@@ -816,8 +862,17 @@ class Master(Process):
     def release_paused(self) -> None:
         tasks, self.paused_tasks = self.paused_tasks, []
         for task in tasks:
-            self.route(task)
+            if self.after is not None:
+                self.after.unpause(task)
+            else:
+                self.route(task)
         self.flush_outbox()
+
+    def held_for_checkpoint(self) -> list[tuple]:
+        """Tasks dispatched and not sent, for a checkpoint: ``(tid, eid, args, closure)`` (A6)."""
+        if self.after is not None:
+            return self.after.held_tasks()
+        return [(tid, eid, args, ()) for tid, eid, _, args in self.paused_tasks]
 
     def quiet(self) -> bool:
         """No dispatched task unfinished and nothing moving: the state is a consistent cut."""

@@ -18,7 +18,8 @@ import numpy as np
 # versions understand the refusal.
 # 2: the executor class travels with the app's search paths; DONE carries the worker's timing; the master reads
 # parameters for the driver.
-# 3: DONE's timing also carries each executor's running time.
+# 3: TASKS from the master carry the count of the worker's DONEs it handled and the tasks sent ahead (after=);
+# DONE's timing also carries each executor's running time.
 VERSION = 3
 
 HELLO = "hello"        # worker/server -> master: (HELLO, VERSION, role, info: address, a worker's app_tokens)
@@ -27,9 +28,11 @@ APP = "app"            # master -> worker: (APP, executor_blob | None: HELLO nam
 SHARDS = "shards"      # master -> worker/server: (SHARDS, num_shards, owners, map_version)
 CREATE = "create"      # master -> worker: (CREATE, [eid, ...])
 READY = "ready"        # worker -> master: (READY, [eid, ...])
-TASKS = "tasks"        # master -> worker: (TASKS, [(task_id, eid, version, args), ...])
+TASKS = "tasks"        # master -> worker: (TASKS, [(task_id, eid, version, args), ...], written keys or None
+                       #   [, DONEs of this worker handled, [(task_id, eid, version, args, closure), ...] sent ahead])
 DONE = "done"          # worker -> master: (DONE, [(task_id, result), ...], written keys,
-#                        (tasks, wall s, cpu s, {eid: (tasks, ran s, cpu s)}))
+                       #   (tasks, wall s, cpu s, {eid: (tasks, ran s, cpu s)}))
+HELD_BACK = "held_back"  # worker -> master: (HELD_BACK, [task_id, ...]) sent ahead, back: their executor moves
 FAIL = "fail"          # any -> master: (FAIL, where, traceback_text)
 GETS = "gets"          # worker or master -> server: (GETS, [(request_id, shard, key), ...])
 VALUES = "values"      # server -> worker/master: (VALUES, [(request_id, value), ...][, True: after forwarding])
@@ -112,10 +115,13 @@ SHAPES: dict[str, dict[str, tuple]] = {
         MEMORY_EVENT: _shape(str, _INT, _INT, _NUM), PRIORITY_DISTANCES: _shape(object, _STR_OR_NONE),
         PRIORITY_SAVED: _shape(_INT, _INT, _INT, _INT, _STR_OR_NONE),
         VALUES: _shape(list, bool, optional=1),  # answers to the driver's parameter reads (GETS from the master)
+        HELD_BACK: _shape(list),
     },
     "worker": {
         **_LIFECYCLE, **_TO_BOTH,
-        TASKS: _shape(list, (list, type(None)), optional=1),  # from the master with its invalidations, or forwarded
+        # from the master with its invalidations (and, once the driver used after=, A4's count and the tasks sent
+        # ahead), or forwarded by a worker with the tasks alone
+        TASKS: _shape(list, (list, type(None)), _INT, list, optional=3),
         VALUES: _shape(list, bool, optional=1), ACK: _shape(_INT, _INT, list, bool, optional=1),
         APP: _shape((bytes, type(None)), str, dict, _INT, master=True), CREATE: _shape(_SEQ, master=True),
         MOVE_EXECUTOR: _shape(_INT, str, bool, bool, master=True), EXECUTOR: _shape(_INT, object, list, bool, bool),

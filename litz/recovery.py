@@ -183,7 +183,7 @@ class Recovery:
         try:
             parts = dict(cp["parts"])
             parts[DRIVER_PART] = write_part(cp["tmp"], DRIVER_PART, {
-                "driver": m.driver, "held": [(eid, args) for _, eid, _, args in m.paused_tasks],
+                "driver": m.driver, "held": m.held_for_checkpoint(), "next_tid": m.next_tid,
                 "version": m.version, "tasks_completed": m.tasks_completed})
             manifest = {"app": m.app.name, "job": m.membership.job, "num_executors": m.num_executors,
                         "num_shards": len(m.shard_owner), "version": m.version,

@@ -25,6 +25,7 @@ from .cache import MISS, ParamCache, UpdateLog, read_only
 from .checkpoint import executor_part, read_part, sync_filesystem, write_part
 from .errors import LitzError, app_code, describe_app_exception
 from .guard import BadMessage
+from .held import ALL, FRESH_VERSION, HeldTasks
 from .keys import ShardMap
 from .outofcore import Residency
 from .process import Process
@@ -42,11 +43,13 @@ MAX_WRITTEN_KEYS = 1024
 
 class Task:
     __slots__ = ("tid", "eid", "version", "args", "glet", "result", "signalled", "values", "missing", "gen",
-                 "retried", "updates", "live_ok")
+                 "retried", "updates", "live_ok", "fresh", "deps", "release_rid", "closure")
 
     def __init__(self, tid: int, eid: int, version: int, args: Any, gen: int = 0, live_ok: bool = False):
         self.tid, self.eid, self.version, self.args, self.gen = tid, eid, version, args, gen
         self.live_ok = live_ok  # dispatched here by the master, behind its invalidations: live entries serve it
+        self.fresh: set | bool | None = None  # sent ahead (after=): keys read only live or fetched anew (A3)
+        self.release_rid = 0  # sent ahead: the first fetch id asked after its release
         self.retried = False
         self.updates: UpdateLog | None = None  # staged until the task succeeds: a failed attempt adds nothing
         self.glet = None
@@ -235,10 +238,10 @@ class SpeedMeasure:
 
 
 class Fetch:
-    __slots__ = ("key", "version", "waiters", "server", "ticket")
+    __slots__ = ("key", "version", "waiters", "server", "ticket", "rid")
 
-    def __init__(self, key: Hashable, version: int, server: str, ticket: int):
-        self.key, self.version, self.server, self.ticket = key, version, server, ticket
+    def __init__(self, key: Hashable, version: int, server: str, ticket: int, rid: int = 0):
+        self.key, self.version, self.server, self.ticket, self.rid = key, version, server, ticket, rid
         self.waiters: list[tuple[Task, int]] = []
 
 
@@ -297,6 +300,8 @@ class Worker(Process):
         self.running = True
         self.tasks_run = 0
         self.compiling: str | None = None  # the numba kernel a task is compiling now (compile_notice)
+        self.held = HeldTasks()  # tasks sent ahead (after=), waiting for tasks to be reported done here (A2)
+        self.deferred_done: list[tuple] = []  # DONEs that released tasks here: sent once the first of those ran
 
     # -- event loop ----------------------------------------------------------------------------------
     def run(self, start_timeout: float = 600.0) -> None:
@@ -318,11 +323,13 @@ class Worker(Process):
                     if not self.running:
                         return
             if self.runnable:
-                self.run_slice()
+                self.run_slice(0.0 if self.deferred_done else RUN_SLICE_S)
             if self.out_gets:
                 self.send_gets()
             if self.completed and len(self.flushing) < MAX_FLUSHES:
                 self.flush()
+            if self.deferred_done:  # behind the released task's gets and flush: the chain goes first
+                self.send_deferred_done()
             if self.moving:
                 self.ship_ready_executors()
             if self.residency.loading:
@@ -360,6 +367,8 @@ class Worker(Process):
             live_ok = sender == "master" and len(msg) > 2
             if live_ok:
                 self.cache.invalidate(msg[2])
+                if len(msg) > 3:
+                    self.held.recording = True  # the master counts our DONEs: remember what they report (A4)
             for tid, eid, version, args in msg[1]:
                 if eid in self.moving:  # it ships once its started tasks end: a task it has not begun goes with it
                     self.moving[eid][3].append((tid, eid, version, args))
@@ -376,6 +385,8 @@ class Worker(Process):
                     strays.append(eid)
             for eid in to_load:  # after every task of the message counts: a load must not evict their executors
                 self.prefetch(eid)
+            if len(msg) > 3 and live_ok:
+                self.take_ahead(msg[4], msg[3], gen)
             if strays:  # the batch's other tasks run: only these are dropped
                 raise BadMessage("tasks for executors that were never here", f"executors {strays[:5]!r:.60}")
         elif tag == P.VALUES:
@@ -424,6 +435,52 @@ class Worker(Process):
 
     def fail(self, where: str, text: str) -> None:
         self.send("master", (P.FAIL, where, text))
+
+    # -- tasks sent ahead (after=; docs/design.md, A2-A5; litz/held.py) ------------------------------------------
+    def take_ahead(self, tasks: list, seen: int, gen: int) -> None:
+        """Tasks the master sent ahead with their closures: held until those are reported done here. Then forget
+        the tasks the master has seen done (after: a task of this message may name one)."""
+        for tid, eid, version, args, closure in tasks:
+            if eid not in self.executors and eid not in self.residency.spilled:
+                raise BadMessage("a task sent ahead for an executor that is not here", f"executor {eid!r:.20}")
+            task = Task(tid, eid, version, args, gen, live_ok=True)
+            if self.held.arrive(task, tuple(closure)):  # held, it pins nothing: its executor may be spilled
+                self.release(task)
+        self.held.forget(seen)
+
+    def release(self, task: Task) -> None:
+        """A held task's closure is done here: it may run (its executor moving: the master's, A5)."""
+        task.release_rid = self.next_rid
+        eid = task.eid
+        if eid in self.moving or (eid not in self.executors and eid not in self.residency.spilled):
+            self.send("master", (P.HELD_BACK, [task.tid]))
+            return
+        self.pending[eid] += 1
+        if eid in self.executors:
+            self.runnable.appendleft(task)  # first: it is what the chain waits for
+        else:
+            self.waiting_load[eid].append(task)
+            self.prefetch(eid)
+
+    def give_back(self, eid: int, queued: list[Task]) -> list[Task]:
+        """``eid`` starts moving: what was sent ahead and cannot go with it goes back to the master, which sends it
+        once its closure has completed (A5): its released tasks not yet started, its held tasks, and every held
+        task that waits for one of those or for a task that travels. Returns the tasks that travel."""
+        travel = [t for t in queued if t.fresh is None]
+        back = {t.tid for t in queued if t.fresh is not None}
+        gone = back | {t.tid for t in travel}
+        held, changed = self.held, True
+        while changed:
+            changed = False
+            for task in list(held.held.values()):
+                if task.eid == eid or any(c in gone for c in task.closure):
+                    held.drop(task)
+                    back.add(task.tid)
+                    gone.add(task.tid)
+                    changed = True
+        if back:
+            self.send("master", (P.HELD_BACK, sorted(back)))
+        return travel
 
     def stats(self) -> dict:
         res = self.residency
@@ -679,8 +736,10 @@ class Worker(Process):
         queued = [t for t in self.runnable if t.eid == eid and t.glet is None]
         if queued:
             self.runnable = deque(t for t in self.runnable if not (t.eid == eid and t.glet is None))
-        self.moving[eid] = (dest, with_input, copied, [(t.tid, t.eid, t.version, t.args) for t in queued])
         self.pending[eid] -= len(queued)
+        if self.held.held or any(t.fresh is not None for t in queued):
+            queued = self.give_back(eid, queued)
+        self.moving[eid] = (dest, with_input, copied, [(t.tid, t.eid, t.version, t.args) for t in queued])
         self.ship_ready_executors()
 
     def ship_ready_executors(self) -> None:
@@ -759,6 +818,8 @@ class Worker(Process):
         self.pending.clear()
         self.waiting_load.clear()
         self.load_queue.clear()
+        self.held = HeldTasks()
+        self.deferred_done.clear()
         budget = self.residency.budget
         self.residency.close()
         self.residency = Residency(self.ident, budget)
@@ -794,14 +855,16 @@ class Worker(Process):
 
     def can_retire(self) -> bool:
         return (not self.executors and not self.moving and not self.runnable and not self.completed
-                and not self.flushing and not self.residency.spilled and not self.waiting_load and not self._held)
+                and not self.flushing and not self.residency.spilled and not self.waiting_load and not self._held
+                and not self.held.held and not self.deferred_done)
 
     # -- micro-tasks ---------------------------------------------------------------------------------
-    def run_slice(self) -> None:
+    def run_slice(self, budget: float = RUN_SLICE_S) -> None:
+        """Run tasks for ``budget`` seconds (at least one switch into a task)."""
         perf = clock.perf_counter
         start = perf()
         self.measure.start_slice(start)
-        deadline = start + RUN_SLICE_S
+        deadline = start + budget
         runnable = self.runnable
         slow = self.slow.active
         cpu_time, task_ran = clock.thread_time, self.measure.task_ran
@@ -864,6 +927,8 @@ class Worker(Process):
     # -- the API executors call (bound as Executor._litz) ----------------------------------------------
     def ps_get(self, key: Hashable) -> Any:
         task = self._task("ps_get")
+        if task.fresh is not None:
+            return self.ps_get_many([key])[0]
         value = self.cache.lookup(key, task.version, task.live_ok)
         if value is MISS:
             return self.ps_get_many([key])[0]
@@ -873,9 +938,12 @@ class Worker(Process):
         task = self._task("ps_get_many")
         values = [None] * len(keys)
         missing = 0
-        lookup, version, live_ok = self.cache.lookup, task.version, task.live_ok
+        lookup, version, live_ok, fresh = self.cache.lookup, task.version, task.live_ok, task.fresh
         for i, key in enumerate(keys):
-            value = lookup(key, version, live_ok)
+            if fresh is not None and (fresh is ALL or key in fresh):  # after=: live, or fetched anew (A3)
+                value = lookup(key, FRESH_VERSION, live_ok)
+            else:
+                value = lookup(key, version, live_ok)
             if value is MISS:
                 self._want(key, task, i)
                 missing += 1
@@ -889,11 +957,11 @@ class Worker(Process):
 
     def _want(self, key: Hashable, task: Task, index: int) -> None:
         fetch = self.fetch_by_key.get(key)
-        if fetch is None or fetch.version < task.version:
+        if fetch is None or fetch.version < task.version or (task.fresh is not None and fetch.rid < task.release_rid):
             shard = self.shardmap.shard(key)
             server = self.shardmap.owners[shard]
-            fetch = Fetch(key, task.version, server, self.cache.ticket())
             rid = self.next_rid
+            fetch = Fetch(key, task.version, server, self.cache.ticket(), rid)
             self.next_rid += 1
             self.fetches[rid] = fetch
             self.fetch_by_key[key] = fetch
@@ -1006,8 +1074,29 @@ class Worker(Process):
             self.send_done(flushing[1], flushing[3], flushing[4])
 
     def send_done(self, results: list, written: Any, tasks: list[Task]) -> None:
-        """Send completed tasks' results to the master. A result that cannot be pickled is the app's error, told
-        with the executor and task that returned it, as an exception raised in run_task is: never a lost worker."""
+        """Send completed tasks' results to the master, once every server acknowledged their updates. Tasks held
+        here for them (after=) are released first, and run before the DONE leaves: sending wakes the master, which
+        on a busy machine takes the CPU from this process for as long as it runs (bench/round_latency.py)."""
+        held = self.held
+        if not held.recording:
+            held.done_seq += 1
+        else:
+            released = held.sent_done([tid for tid, _ in results], written)  # A2
+            for task in released:
+                self.release(task)
+            if released or self.deferred_done:  # in order: the master counts DONEs (A4)
+                self.deferred_done.append((results, written, tasks))
+                return
+        self.send_done_now(results, written, tasks)
+
+    def send_deferred_done(self) -> None:
+        out, self.deferred_done = self.deferred_done, []
+        for results, written, tasks in out:
+            self.send_done_now(results, written, tasks)
+
+    def send_done_now(self, results: list, written: Any, tasks: list[Task]) -> None:
+        """A result that cannot be pickled is the app's error, told with the executor and task that returned it, as
+        an exception raised in run_task is: never a lost worker."""
         # what these tasks cost (the master's measure of this worker's speed), on the message it sends anyway
         timing = self.measure.take(len(tasks), Counter(t.eid for t in tasks))
         try:

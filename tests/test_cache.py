@@ -89,11 +89,13 @@ def _bare_worker():
     """A Worker with only what on_values/on_ack touch (no sockets): messages it sends are recorded."""
     from collections import deque
 
+    from litz.held import HeldTasks
     from litz.worker import Fetch, SpeedMeasure, Worker
 
     w = Worker.__new__(Worker)
     w.cache, w.flushing, w.fetches, w.fetch_by_key, w.runnable, w.sent = ParamCache(), {}, {}, {}, deque(), []
     w.resent_fids, w.unsettled = {}, {}
+    w.held, w.deferred_done = HeldTasks(), []  # no task sent ahead (after=): DONEs go out at once
     # the speed measure DONE carries (Worker.__init__ sets it up): no schedstat, nothing held yet
     w.measure = SpeedMeasure(schedstat=False)
     # a DONE is recorded without its timing field (the speed measure's, tested in test_placement.py)

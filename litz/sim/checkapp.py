@@ -10,6 +10,11 @@ and how many tasks that write it were dispatched at all, so every read is checke
 - at least the writes of every task completed before the reader's dispatch (the consistency rule);
 - at most the writes of every task dispatched before the reader completed (nothing applied twice).
 
+With ``after`` in the config (and no SSP) each executor's next round is dispatched ahead, before its previous
+round completes, with ``after=`` naming that round and the latest task of the next executor (docs/design.md,
+"Dependent dispatch"): its lower bound then also counts the writes of its closure, the tasks it waits for that
+had not completed at its dispatch (those named and, transitively, theirs).
+
 Under SSP a task of iteration ``i`` must also see every write of iterations ``<= i - s - 1`` and none of
 iterations ``>= i + s + 1`` (the SSP bound), counted from the plan itself, not from the dispatch
 order, so a dispatch frontier that runs ahead is caught even where the consistency rule still holds.
@@ -59,15 +64,50 @@ class CheckDriver(litz.Driver):
         if self.ssp is not None:
             self.ssp.start()
             return
+        self.after = bool(self.config.get("after"))
+        self.pending: dict[int, tuple] = {}  # after=: task id -> (keys, closure) until it completes
+        self.latest: dict[int, int] = {}  # after=: executor -> id of its latest dispatched task
+        self.tid_of: dict[tuple, int] = {}  # after=: (executor, round) -> task id, until it completes
+        self._closure_now: tuple = ()
         for e in range(self.num_executors):
             self.dispatch_task(e, self.task_args(0, e))
+        if self.after:
+            for e in range(self.num_executors):
+                self.dispatch_ahead(e, 1)
 
-    def task_args(self, r: int, e: int) -> tuple:
-        """Round ``r`` of executor ``e``, called as it is dispatched: what it may read is fixed now."""
+    def task_args(self, r: int, e: int, closure: tuple = ()) -> tuple:
+        """Round ``r`` of executor ``e``, called as it is dispatched: what it may read is fixed now (with after=,
+        also every write of the tasks in its closure)."""
         keys = keys_of(e, r, self.num_keys)
         for k in keys:
             self.dispatched[k] += 1
-        return r, keys, [self.completed[k] for k in keys]
+        lows = [self.completed[k] + sum(k in self.pending[t][0] for t in closure) for k in keys]
+        return r, keys, lows
+
+    def dispatch_task(self, executor: int, args: Any = None, after: Any = None) -> int:
+        tid = super().dispatch_task(executor, args, after)
+        if getattr(self, "after", False) and args[0] != "verify":
+            self.latest[executor] = tid
+            self.tid_of[(executor, args[0])] = tid
+            self.pending[tid] = (args[1], self._closure_now)
+        return tid
+
+    def dispatch_ahead(self, e: int, r: int) -> None:
+        """Round ``r`` of ``e`` after its round ``r - 1`` and the latest task of the next executor."""
+        if r >= self.rounds:
+            return
+        after = [self.latest[e]]
+        nxt = (e + 1) % self.num_executors
+        if nxt != e and self.latest.get(nxt) in self.pending:
+            after.append(self.latest[nxt])
+        closure: dict = {}
+        for t in after:
+            if t in self.pending:
+                closure[t] = None
+                closure.update(dict.fromkeys(c for c in self.pending[t][1] if c in self.pending))
+        self._closure_now = tuple(closure)
+        self.dispatch_task(e, self.task_args(r, e, self._closure_now), after=after)
+        self._closure_now = ()
 
     def writes_before(self, key: tuple, r: int) -> int:
         """How many tasks of rounds ``< r`` write ``key``: the plan's count, independent of any dispatch."""
@@ -99,11 +139,17 @@ class CheckDriver(litz.Driver):
         for k, _ in reads:
             self.completed[k] += 1
         self.done[e] += 1
+        if self.ssp is None and self.after:
+            self.pending.pop(self.tid_of.pop((e, r), None), None)
         if sum(self.done) % 3 == 0:
             self.driver_read([k for k, _ in reads], f"after executor {e} round {r}")
         if self.ssp is not None:
             self.ssp.complete(r)
             if self.ssp.done:
+                self.verify()
+        elif self.after:
+            self.dispatch_ahead(e, r + 2)
+            if all(d >= self.rounds for d in self.done):
                 self.verify()
         elif self.done[e] < self.rounds:
             self.dispatch_task(e, self.task_args(self.done[e], e))

@@ -68,6 +68,7 @@ class Plan:
     events: list[tuple[float, str, Any]]
     staleness: int | None = None  # None: each executor's tasks one after another; else SSP with this bound
     placement: str = "even"  # "speed": the master is fed random speed samples and rebalances by them
+    after: bool = False  # each executor's next round dispatched ahead with after= (no SSP)
 
 
 def plan(seed: int, allowed: tuple[str, ...], placement: str | None = None) -> Plan:
@@ -98,6 +99,7 @@ def plan(seed: int, allowed: tuple[str, ...], placement: str | None = None) -> P
     p.partial_recovery = checkpoints and rng.random() < 0.3
     p.staleness = rng.choice([None, None, 0, 1, 2])
     p.placement = rng.choice(["even", "speed"]) if placement is None else placement
+    p.after = p.staleness is None and rng.random() < 0.4  # one schedule in five: docs/design.md, A1-A6
     return p
 
 
@@ -145,7 +147,8 @@ class Schedule:
 
         p = self.plan
         membership = Membership(self.kv, JOB, pid=proc.pid)
-        master = Master(_app, membership, SECRET, config={"rounds": p.rounds, "keys": p.keys, "staleness": p.staleness},
+        master = Master(_app, membership, SECRET, config={"rounds": p.rounds, "keys": p.keys, "staleness": p.staleness,
+                                                         "after": p.after},
                         num_executors=p.executors, num_shards=p.shards, min_workers=p.workers,
                         min_servers=p.servers, joblog=JobLog(progress=False), start_timeout=60.0,
                         spawn=self.spawn, checkpoint_dir=f"{self.tmp}/checkpoints" if p.checkpoint_every else None,

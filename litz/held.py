@@ -1,0 +1,86 @@
+"""Dependent dispatch, the worker's side: tasks the master sent ahead, held until the tasks they wait for have
+been reported done here (docs/design.md, A2-A5; the master's side is :mod:`litz.after`).
+
+A held task waits for its *closure*: task ids the master knows ran, or will run, on this worker. It is released
+when the last of them is reported done (``Worker.send_done``: every server acknowledged the flush with its
+updates), and the keys those flushes wrote become *fresh* for it: it reads them only from live entries or from
+fetches asked after its release (A3). A closure task may have been reported done before the held task arrived;
+this worker remembers what it reported until the master says it has handled those DONE messages (A4).
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+ALL = True  # a task's fresh keys: every key (a flush wrote more keys than it names)
+FRESH_VERSION = 1 << 62  # looked up at this version, a cache entry serves only if it is live (the version rule never)
+
+
+class HeldTasks:
+    """One worker's held tasks and its memory of the tasks it reported done."""
+
+    def __init__(self) -> None:
+        self.recording = False  # on from the first TASKS that carries the master's DONE count
+        self.done_seq = 0  # DONE messages sent this epoch (the master counts those it handled)
+        self.acked: dict[int, Any] = {}  # task id reported done -> the keys its flush wrote (None: any)
+        self.log: deque[tuple[int, list]] = deque()  # (DONE number, its task ids), to forget them in order
+        self.waiting: dict[int, list] = {}  # task id not yet done here -> the held tasks that wait for it
+        self.held: dict[int, Any] = {}  # held task id -> Task
+
+    def arrive(self, task: Any, closure: tuple) -> bool:
+        """A task sent ahead has arrived: True if its closure is done already (release it now), else it is held."""
+        task.fresh, task.deps, task.closure = set(), 0, closure
+        acked, waiting = self.acked, self.waiting
+        for tid in closure:
+            if tid in acked:
+                add_fresh(task, acked[tid])
+            else:
+                waiting.setdefault(tid, []).append(task)
+                task.deps += 1
+        if task.deps:
+            self.held[task.tid] = task
+            return False
+        return True
+
+    def sent_done(self, tids: list, written: Any) -> list:
+        """A DONE for ``tids`` went to the master, their flush having written ``written`` (a list, or None: any):
+        the held tasks that now have their whole closure done, to release."""
+        self.done_seq += 1
+        if not self.recording:
+            return []
+        acked, waiting, released = self.acked, self.waiting, []
+        for tid in tids:
+            acked[tid] = written
+            if waiting:
+                for task in waiting.pop(tid, ()):
+                    add_fresh(task, written)
+                    task.deps -= 1
+                    if task.deps == 0:
+                        del self.held[task.tid]
+                        released.append(task)
+        self.log.append((self.done_seq, tids))
+        return released
+
+    def forget(self, seen: int) -> None:
+        """The master has handled this worker's first ``seen`` DONE messages: no dispatch will name their tasks."""
+        log, acked = self.log, self.acked
+        while log and log[0][0] <= seen:
+            for tid in log.popleft()[1]:
+                acked.pop(tid, None)
+
+    def drop(self, task: Any) -> None:
+        """``task`` is no longer held here (it went back to the master)."""
+        del self.held[task.tid]
+        for tid in task.closure:
+            tasks = self.waiting.get(tid)
+            if tasks and task in tasks:
+                tasks.remove(task)
+                if not tasks:
+                    del self.waiting[tid]
+
+
+def add_fresh(task: Any, written: Any) -> None:
+    if written is None:
+        task.fresh = ALL
+    elif task.fresh is not ALL:
+        task.fresh.update(written)

@@ -1,0 +1,72 @@
+"""Dependent dispatch (``dispatch_task(..., after=)``, docs/design.md A1-A6): tasks sent ahead see their
+predecessors' updates, end to end and in simulated schedules with every elastic event, and the simulator catches a
+worker that releases a held task before its predecessors' flushes are acknowledged."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import litz
+from litz import held
+from litz.sim import run_schedule
+from litz.sim.schedule import EVENTS, plan
+from tests.helpers import app_path
+
+SEEDS = range(40)
+
+
+def after_plan(seed: int):
+    return dataclasses.replace(plan(seed, EVENTS), staleness=None, after=True)
+
+
+@pytest.mark.timeout(240)
+def test_schedules_with_after_keep_the_rule():
+    """Every event kind (moves, steals, drains, kills, checkpoints, evictions, outages) with after= in every task."""
+    bad = {s: o.violations for s in SEEDS if (o := run_schedule(s, EVENTS, after_plan(s))).violations}
+    assert bad == {}
+
+
+@pytest.mark.timeout(240)
+def test_a_planted_early_release_is_caught(monkeypatch):
+    """A worker that starts a held task at once, without waiting for its closure's acknowledgements: the reads
+    of the tasks it released must show missing updates (and their executors' rounds out of order)."""
+    def at_once(self, task, closure):
+        task.fresh, task.deps, task.closure = held.ALL, 0, closure
+        return True
+
+    monkeypatch.setattr(held.HeldTasks, "arrive", at_once)
+    caught = [s for s in SEEDS if run_schedule(s, EVENTS, after_plan(s)).violations]
+    assert len(caught) >= 5, caught
+
+
+@pytest.mark.timeout(240)
+def test_a_planted_stale_version_is_caught(monkeypatch):
+    """A master that sends a held task, once its closure completed, at the version of its dispatch instead of the
+    version of that moment (A1): an entry fetched in between may predate the predecessor's flush."""
+    from litz import after
+
+    def stale(self, p):
+        m = self.master
+        m.route(p.task)
+        p.closure = ()
+        p.where = None
+
+    monkeypatch.setattr(after.Dependencies, "route", stale)
+    monkeypatch.setattr(after.Dependencies, "settles_alone", lambda self, eid, closure: None)  # always held here
+    caught = [s for s in SEEDS if run_schedule(s, EVENTS, after_plan(s)).violations]
+    assert caught, "no schedule caught a dependent sent at its dispatch version"
+
+
+@pytest.mark.timeout(120)
+def test_chains_sent_ahead_through_litz_run():
+    """Through litz.run, 4 executors on 2 workers (even placement: 0, 1 on one, 2, 3 on the other): each step reads
+    exactly the steps before it. Chains on the executors of one worker start most steps there without the master
+    in between; chains over all four also wait at the master, for the steps that cross workers."""
+    run = {"workers": 2, "servers": 1, "executors": 4, "placement": "even", "steal": False}
+    same = litz.run(app_path("after_chain"), **run, config={"chains": 2, "steps": 80, "ahead": 2, "span": 2})
+    assert same["violations"] == [] and same["tasks"] == 160
+    assert same["released"] >= 120, same["released"]  # all but the first few (sent before the first after=)
+    cross = litz.run(app_path("after_chain"), **run, config={"chains": 2, "steps": 80, "ahead": 3, "span": 4})
+    assert cross["violations"] == [] and cross["tasks"] == 160
+    assert cross["released"] < same["released"]
