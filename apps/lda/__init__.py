@@ -173,8 +173,8 @@ class LDAExecutor(litz.Executor):
         # read-only, as ps_get hands it out (a writable one was a second compiled version, 1.5 s more at first)
         wt0 = np.zeros((1, self.K), np.int32)
         wt0.flags.writeable = False
-        _sampler()(L.word, self.z, L.run_doc, L.run_ptr, 0, 0, ndk, wt0,
-                   np.zeros(self.K, np.int64), L.doc_len, s.alpha, s.beta, s.beta * self.num_words, np.uint64(1))
+        _sampler()(L.word, self.z, L.run_doc, L.run_ptr, 0, 0, ndk, wt0, np.zeros(self.K, np.int64), L.doc_len,
+                   s.alpha, s.beta, s.beta * self.num_words, np.uint64(1), False, False)
         return {"kind": "init", "executor": self.executor_id, "tokens": L.tokens, "docs": len(L.doc_len),
                 "doc_lo": self.doc_lo, "blocks": self.blocks.num_blocks, "num_docs": self.num_docs,
                 "num_words": self.num_words, "total_tokens": self.total_tokens,
@@ -199,19 +199,18 @@ class LDAExecutor(litz.Executor):
         ndk = self._doc_topics()
         r0, r1 = self._runs(block)
         seed = np.uint64(kernels.task_seed(s.sampler_seed, self.executor_id, rnd))
-        wt, delta, nk_delta, changed, lo, hi = _sampler()(
+        wt, delta, nk_delta, changed, lo, hi, doc_ll, word_ll, cols = _sampler()(
             L.word, self.z, L.run_doc, L.run_ptr, r0, r1, ndk, wt_ps, nk, L.doc_len, s.alpha, s.beta,
-            s.beta * self.num_words, seed)
+            s.beta * self.num_words, seed, bool(ll_doc), bool(ll_word))
         self.ps_update_many([(("wt", block), kernels.compact_delta(delta, lo, hi)), (("hold", block), 1)])
         self.next_round = rnd + 1
         out: dict[str, Any] = {"kind": "sample", "executor": self.executor_id, "round": rnd, "block": block,
                                "hold": int(hold or 0), "tokens": int(L.run_ptr[r1] - L.run_ptr[r0]),
                                "changed": int(changed), "nk_delta": nk_delta}
         if ll_doc:
-            out["ll_doc"] = kernels.doc_log_likelihood(ndk, L.doc_len, s.alpha)
+            out["ll_doc"] = doc_ll
         if ll_word:
-            ll, cols = kernels.word_log_likelihood(wt, s.beta)
-            out["ll_word"], out["cols"] = ll, cols
+            out["ll_word"], out["cols"] = word_ll, cols
         if counts:  # the block as this epoch left it, for the driver's topic recovery (recovery_every)
             out["words"], out["wt"] = self.blocks.words_of(block), wt
         out["seconds"], out["cpu_s"] = time.perf_counter() - t0, time.thread_time() - c0
