@@ -169,6 +169,32 @@ def test_schedule_in_process_with_random_completion_order(executors, blocks) -> 
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize("executors, blocks", [(5, None), (3, 7), (7, 3), (4, 1)])
+def test_totals_are_those_of_the_tasks_before_in_the_schedule(monkeypatch, executors, blocks) -> None:
+    """Each task gets the initial totals plus the changes of every round, of every executor, that its clock says
+    precedes it: the driver's shortcut (one clock corrected where the other is ahead) equals that sum, and every
+    round in the clock had completed when the task was dispatched."""
+    import apps.lda as lda
+
+    original, seen = lda.LDADriver._totals, []
+
+    def checked(self, e: int, b: int) -> np.ndarray:
+        got = original(self, e, b)
+        clock = np.maximum(self.clock_exec[e], self.clock_block[b])
+        assert all(0 <= self.next_round[x] - 1 - r or r == -1 for x, r in enumerate(clock.tolist()))
+        want = sum(self.cum[x][r] for x, r in enumerate(clock.tolist()))
+        np.testing.assert_array_equal(got, want)
+        seen.append(int(got.sum()))
+        return got
+
+    monkeypatch.setattr(lda.LDADriver, "_totals", checked)
+    config = {**SMALL, "docs": 300, "epochs": 3, "check_counts": 1, **({"blocks": blocks} if blocks else {})}
+    for seed in range(2):
+        check_invariant(in_process(config, executors, seed).run(), 3, executors)
+    assert seen and all(n == seen[0] for n in seen)  # totals always count every token once
+
+
+@pytest.mark.timeout(30)
 def test_schedule_checks_catch_a_broken_schedule(monkeypatch) -> None:
     """A driver that ignores block ownership (every executor runs its rounds as fast as it can) is caught."""
     import apps.lda as lda
