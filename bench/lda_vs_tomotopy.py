@@ -77,9 +77,12 @@ def joint_ll(ndk: np.ndarray, nwk: np.ndarray, alpha: float, beta: float) -> flo
     return float(ll)
 
 
-def run_litz(s: Settings, executors: int, chain_seed: int) -> dict:
+def run_litz(s: Settings, executors: int, chain_seed: int, per_sweep: bool = False) -> dict:
+    """One ``litz.run`` of ``apps.lda`` on the synthetic corpus ``s``; ``per_sweep``: topic recovery after every
+    sweep too (``recovery_every=1``, as ``curve``)."""
     config = {"synthetic": 1, "docs": s.docs, "vocab": s.vocab, "topics": s.topics, "doc_length": s.doc_length,
-              "alpha": s.alpha, "beta": s.beta, "epochs": s.epochs, "seed": s.seed, "chain_seed": chain_seed}
+              "alpha": s.alpha, "beta": s.beta, "epochs": s.epochs, "seed": s.seed, "chain_seed": chain_seed,
+              "recovery_every": int(per_sweep)}
     c0, t0 = cpu_seconds(), time.time()
     r = litz.run("apps.lda", workers=WORKERS, servers=1, executors=executors, config=config, progress=False,
                  name=f"bench-lda-{os.getpid()}")
@@ -89,7 +92,8 @@ def run_litz(s: Settings, executors: int, chain_seed: int) -> dict:
             "tokens_per_s": r["tokens"] * s.epochs / r["sampling_s"],
             "tokens_per_s_per_core": r["tokens"] * s.epochs / r["sampling_s"] / WORKERS,
             "ll_per_token": r["ll_per_token"], "topic_recovery": r["topic_recovery"], "executors": executors,
-            "blocks": r["blocks"], "epoch_s": [round(h["seconds"], 4) for h in r["history"]]}
+            "blocks": r["blocks"], "epoch_s": [round(h["seconds"], 4) for h in r["history"]],
+            **({"curve": [h["topic_recovery"] for h in r["history"]]} if per_sweep else {})}
 
 
 def docs_as_lists(doc: np.ndarray, word: np.ndarray, num_docs: int) -> list[np.ndarray]:
@@ -99,7 +103,9 @@ def docs_as_lists(doc: np.ndarray, word: np.ndarray, num_docs: int) -> list[np.n
     return [w[bounds[d]:bounds[d + 1]] for d in range(num_docs)]
 
 
-def run_tomotopy(s: Settings, docs: list[np.ndarray], truth: np.ndarray, seed: int) -> dict:
+def run_tomotopy(s: Settings, docs: list[np.ndarray], truth: np.ndarray, seed: int, per_sweep: bool = False) -> dict:
+    """tomotopy on the same corpus; ``per_sweep``: topic recovery after every sweep too (``curve``, from its
+    topic-word counts in a training callback, which leaves the chain as it is: the same final topics)."""
     import tomotopy as tp
 
     t0, c0 = time.time(), time.process_time()
@@ -108,11 +114,21 @@ def run_tomotopy(s: Settings, docs: list[np.ndarray], truth: np.ndarray, seed: i
         m.add_doc([str(x) for x in d.tolist()])
     m.optim_interval = 0
     m.train(0, workers=THREADS)
+    used = np.array([int(x) for x in m.used_vocabs])
+    curve: list[float] = []
+
+    def sweep_done(model, done: int, total: int) -> None:
+        if done:
+            tw = np.zeros((s.topics, s.vocab))
+            for k in range(s.topics):
+                tw[k, used] = model.get_topic_word_dist(k, normalize=False)  # the counts
+            curve.append(topic_recovery(tw, truth))
+
+    extra = {"callback_interval": 1, "callback": sweep_done} if per_sweep else {}
     t1, c1 = time.time(), time.process_time()
-    m.train(s.epochs, workers=THREADS)
+    m.train(s.epochs, workers=THREADS, **extra)
     train_s, cpu = time.time() - t1, time.process_time() - c1
     elapsed = time.time() - t0
-    used = np.array([int(x) for x in m.used_vocabs])
     ndk = np.zeros((len(docs), s.topics))
     nwk = np.zeros((s.topics, s.vocab))
     for i, d in enumerate(m.docs):
@@ -125,7 +141,8 @@ def run_tomotopy(s: Settings, docs: list[np.ndarray], truth: np.ndarray, seed: i
             "tokens_per_s_per_core": tokens * s.epochs / train_s / THREADS,
             "ll_per_token": joint_ll(ndk, nwk, s.alpha, s.beta) / tokens, "own_ll_per_word": m.ll_per_word,
             "topic_recovery": topic_recovery(nwk, truth), "threads": THREADS,
-            "version": getattr(tp, "__version__", "?"), "isa": getattr(tp, "isa", "?")}
+            "version": getattr(tp, "__version__", "?"), "isa": getattr(tp, "isa", "?"),
+            **({"curve": curve} if per_sweep else {})}
 
 
 def run_lda_package(s: Settings, doc: np.ndarray, word: np.ndarray, truth: np.ndarray) -> dict:

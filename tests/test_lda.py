@@ -123,6 +123,35 @@ def test_uci_corpus_file(tmp_path) -> None:
     assert "topic_recovery" not in result
 
 
+@pytest.mark.timeout(90)
+def test_the_same_seed_gives_the_same_topics(tmp_path) -> None:
+    """The chain is a function of the seed and the executors, not of timing: every task samples with the topic
+    totals of exactly the tasks before it in the schedule. Two runs with the default 4 executors a worker (tasks
+    of 8 executors in flight on 2 workers, in whatever order they complete), and one with the same 8 executors on
+    1 worker, learn the same counts; another chain seed does not."""
+    config = {**SMALL, "epochs": 6, "recovery_every": 2}
+
+    def run(workers: int, executors: int | None, name: str, **extra) -> tuple[dict, np.ndarray]:
+        out = tmp_path / f"{name}.npz"
+        result = litz.run("apps.lda", workers=workers, servers=2, executors=executors, progress=False,
+                          config={**config, **extra, "output": str(out)})
+        assert result["executors"] == 8 and result["schedule"]["violations"] == []
+        return result, np.load(out)["topic_word"]
+
+    first, tw = run(2, None, "a")
+    again, tw_again = run(2, None, "b")
+    one_worker, tw_one = run(1, 8, "c")
+    other, tw_other = run(2, None, "d", chain_seed=5)
+    lls = [[h["log_likelihood"] for h in r["history"]] for r in (first, again, one_worker, other)]
+    assert lls[0] == lls[1] == lls[2] != lls[3]
+    np.testing.assert_array_equal(tw, tw_again)
+    np.testing.assert_array_equal(tw, tw_one)
+    assert not np.array_equal(tw, tw_other)
+    recovery = [h.get("topic_recovery") for h in first["history"]]  # recovery_every=2: after sweeps 2, 4, 6
+    assert recovery[1::2] == [h["topic_recovery"] for h in again["history"][1::2]] and None not in recovery[1::2]
+    assert recovery[0::2] == [None] * 3 and recovery[-1] == first["topic_recovery"]
+
+
 def in_process(config: dict, num_executors: int, seed: int) -> inprocess.InProcess:
     """The schedule logic itself, with no runtime underneath: tasks complete in a random order, each reading
     the server as it was when the task was dispatched (the stalest view the consistency rule allows)."""
@@ -140,6 +169,32 @@ def test_schedule_in_process_with_random_completion_order(executors, blocks) -> 
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize("executors, blocks", [(5, None), (3, 7), (7, 3), (4, 1)])
+def test_totals_are_those_of_the_tasks_before_in_the_schedule(monkeypatch, executors, blocks) -> None:
+    """Each task gets the initial totals plus the changes of every round, of every executor, that its clock says
+    precedes it: the driver's shortcut (one clock corrected where the other is ahead) equals that sum, and every
+    round in the clock had completed when the task was dispatched."""
+    import apps.lda as lda
+
+    original, seen = lda.LDADriver._totals, []
+
+    def checked(self, e: int, b: int) -> np.ndarray:
+        got = original(self, e, b)
+        clock = np.maximum(self.clock_exec[e], self.clock_block[b])
+        assert all(0 <= self.next_round[x] - 1 - r or r == -1 for x, r in enumerate(clock.tolist()))
+        want = sum(self.cum[x][r] for x, r in enumerate(clock.tolist()))
+        np.testing.assert_array_equal(got, want)
+        seen.append(int(got.sum()))
+        return got
+
+    monkeypatch.setattr(lda.LDADriver, "_totals", checked)
+    config = {**SMALL, "docs": 300, "epochs": 3, "check_counts": 1, **({"blocks": blocks} if blocks else {})}
+    for seed in range(2):
+        check_invariant(in_process(config, executors, seed).run(), 3, executors)
+    assert seen and all(n == seen[0] for n in seen)  # totals always count every token once
+
+
+@pytest.mark.timeout(30)
 def test_schedule_checks_catch_a_broken_schedule(monkeypatch) -> None:
     """A driver that ignores block ownership (every executor runs its rounds as fast as it can) is caught."""
     import apps.lda as lda
@@ -153,7 +208,7 @@ def test_schedule_checks_catch_a_broken_schedule(monkeypatch) -> None:
         self.held[b] = e
         self.events += 1
         self.open_holds[(b, r, e)] = self.last_start[b] = self.events
-        self.dispatch_task(e, ("sample", r, b, r % self.B == self.B - 1, False))
+        self.dispatch_task(e, ("sample", r, b, self._totals(e, b), r % self.B == self.B - 1, False))
 
     def completed(self, res: dict) -> None:
         original(self, res)

@@ -169,7 +169,8 @@ def test_sampler_keeps_counts_consistent(ndk_dtype) -> None:
 
 def test_sample_task_is_sample_block_with_its_delta() -> None:
     """The task's one-call kernel leaves the block as read untouched and returns what sample_block does to a
-    copy, the block's exact delta with its range, and the change of the totals (same seed, same draws)."""
+    copy, the block's exact delta with its range, the change of the totals (same seed, same draws), and the
+    log-likelihood parts of the state after sampling when asked."""
     K, V, D = K_SMALL, V_SMALL, D_SMALL
     L, z = _random_state(4)
     z2 = z.copy()
@@ -179,8 +180,8 @@ def test_sample_task_is_sample_block_with_its_delta() -> None:
     nk_read = wt_read.sum(axis=0).astype(np.int64)
     wt_read_before = wt_read.copy()
     args = (L.run_doc, L.run_ptr, 0, len(L.run_doc))
-    wt, delta, nk_delta, changed, lo, hi = kernels.sample_task(L.word, z, *args, ndk, wt_read, nk_read.copy(),
-                                                               L.doc_len, 0.1, 0.01, 0.01 * V, np.uint64(7))
+    wt, delta, nk_delta, changed, lo, hi, doc_ll, word_ll, cols = kernels.sample_task(
+        L.word, z, *args, ndk, wt_read, nk_read.copy(), L.doc_len, 0.1, 0.01, 0.01 * V, np.uint64(7), True, True)
     wt2, nk2 = wt_read.copy(), nk_read.copy()
     changed2 = kernels.sample_block(L.word, z2, *args, ndk2, wt2, nk2, L.doc_len, 0.1, 0.01, 0.01 * V, np.uint64(7))
     assert changed == changed2 > 0
@@ -193,6 +194,11 @@ def test_sample_task_is_sample_block_with_its_delta() -> None:
     assert (lo, hi) == (min(0, int(delta.min())), max(0, int(delta.max()))) and lo < 0 < hi
     small = kernels.compact_delta(delta, lo, hi)
     assert small.dtype == np.int8 and np.array_equal(small, delta)
+    assert doc_ll == kernels.doc_log_likelihood(ndk2, L.doc_len, 0.1)
+    assert (word_ll, cols.tolist()) == (kernels.word_log_likelihood(wt2, 0.01)[0], wt2.sum(axis=0).tolist())
+    *_, no_doc, no_word, no_cols = kernels.sample_task(L.word, z, *args, ndk, wt_read, nk_read.copy(), L.doc_len,
+                                                       0.1, 0.01, 0.01 * V, np.uint64(8), False, False)
+    assert (no_doc, no_word, no_cols.tolist()) == (0.0, 0.0, [0] * K)
 
 
 def test_doc_topic_counts_widen_for_long_documents() -> None:
@@ -310,6 +316,16 @@ def test_log_likelihood_matches_direct_formula() -> None:
     ll, cols = kernels.word_log_likelihood(ndk, 0.05)
     assert ll == pytest.approx(sum(math.lgamma(n + 0.05) - math.lgamma(0.05) for n in ndk.ravel()), rel=1e-12)
     np.testing.assert_array_equal(cols, ndk.sum(axis=0))
+    big = ndk.copy()  # counts beyond the lgamma table take lgamma itself; negative ones (until a recount) add 0
+    big[0, 1], big[1, 2] = kernels.LGAMMA_TABLE + 7, -3
+    ll, cols = kernels.word_log_likelihood(big, 0.05)
+    assert ll == pytest.approx(sum(math.lgamma(n + 0.05) - math.lgamma(0.05) for n in big.ravel() if n > 0),
+                               rel=1e-12)
+    np.testing.assert_array_equal(cols, big.sum(axis=0))
+    lengths = big.clip(0).sum(axis=1).astype(np.int32)
+    assert kernels.doc_log_likelihood(big.clip(0), lengths, 0.3) == pytest.approx(
+        sum(math.lgamma(4 * 0.3) - math.lgamma(row.sum() + 4 * 0.3)
+            + sum(math.lgamma(n + 0.3) - math.lgamma(0.3) for n in row) for row in big.clip(0)), abs=1e-6)  # terms ~1e6
 
 
 # ------------------------------------------------------------------------------------- end to end, CLI

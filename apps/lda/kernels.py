@@ -40,9 +40,10 @@ log-likelihood per sweep is comparable one to one.
 
 One task = one numba call (:func:`sample_task`, around :func:`sample_block`): no per-token Python. The
 random numbers come from an xorshift64* generator seeded per (chain seed, executor, round), so a task is a
-deterministic function of its inputs. The other helpers (initial topics, counts recomputed from ``z``,
-log-likelihood parts) are vectorised numpy, so only the sampler is compiled (about 1.3 s of CPU, once per
-machine: it is in numba's on-disk cache, see ``apps.lda._sampler`` and :data:`SIGNATURES`). Everything here is
+deterministic function of its inputs. The log-likelihood parts are computed in the same call when the task
+asks for them; the other helpers (initial topics, counts recomputed from ``z``) are vectorised numpy, so only
+the sampler is compiled (about 1.3 s of CPU, once per machine: it is in numba's on-disk cache, see
+``apps.lda._sampler`` and :data:`SIGNATURES`). Everything here is
 a module-level function, never an executor attribute, so executors pickle as plain numpy arrays.
 """
 from __future__ import annotations
@@ -51,7 +52,6 @@ import math
 
 import numba
 import numpy as np
-from scipy.special import gammaln
 
 _U12, _U25, _U27 = np.uint64(12), np.uint64(25), np.uint64(27)
 _MUL = np.uint64(2685821657736338717)
@@ -247,18 +247,21 @@ def sample_block(word, z, run_doc, run_ptr, r0, r1, ndk, wt, nk, doc_len, alpha,
 
 @numba.njit(nogil=True, cache=True)
 def sample_task(word, z, run_doc, run_ptr, r0, r1, ndk, wt_ps, nk, doc_len, alpha, beta, vbeta,
-                seed):  # pragma: no cover
+                seed, ll_doc, ll_word):  # pragma: no cover
     """A sampling task's arithmetic in one call: copy the block as read (``wt_ps``, int32), sample (``z``,
-    ``ndk`` and ``nk`` in place, as :func:`sample_block`), and take the block's delta with its range.
+    ``ndk`` and ``nk`` in place, as :func:`sample_block`), take the block's delta with its range, and, when
+    asked, the log-likelihood parts (``ll_doc``: :func:`doc_log_likelihood` of ``ndk``; ``ll_word``:
+    :func:`word_log_likelihood` of the block after sampling).
 
     Why one call: between two tasks the sampler has filled the core's caches with its own data, so each
     numpy call around it runs cold (in a worker at 16 executors a worker, a 31 KB block subtraction took 7 us
     right after the kernel and 2 us right after itself). Doing the copy, the subtraction and the range here
     saved about 9 us of CPU a task (32 executors, 3.6M tokens, 3 alternating pairs: 398, 393, 398 against
     407, 399, 412 us of CPU a task from its values in hand to its end), about 2% of an epoch there.
-    Returns ``(wt, delta, nk_delta, changed, lo, hi)``: the block after sampling, ``wt - wt_ps`` (int32),
-    the change of ``nk``, the tokens that changed topic, and the smallest and largest entry of ``delta``
-    (for :func:`compact_delta`)."""
+    Returns ``(wt, delta, nk_delta, changed, lo, hi, doc_ll, word_ll, cols)``: the block after sampling,
+    ``wt - wt_ps`` (int32), the change of ``nk``, the tokens that changed topic, the smallest and largest entry
+    of ``delta`` (for :func:`compact_delta`), and the log-likelihood parts with the block's column sums (0.0,
+    0.0 and zeros when not asked)."""
     wt = wt_ps.copy()
     nk0 = nk.copy()
     changed = sample_block(word, z, run_doc, run_ptr, r0, r1, ndk, wt, nk, doc_len, alpha, beta, vbeta, seed)
@@ -273,7 +276,9 @@ def sample_task(word, z, run_doc, run_ptr, r0, r1, ndk, wt_ps, nk, doc_len, alph
             lo = x
         elif x > hi:
             hi = x
-    return wt, delta, nk - nk0, changed, lo, hi
+    doc_ll = doc_log_likelihood(ndk, doc_len, alpha) if ll_doc else 0.0
+    word_ll, cols = word_log_likelihood(wt, beta) if ll_word else (0.0, np.zeros(nk.shape[0], np.int64))
+    return wt, delta, nk - nk0, changed, lo, hi, doc_ll, word_ll, cols
 
 
 def _sampler_signature(ndk: type) -> tuple:
@@ -284,7 +289,7 @@ def _sampler_signature(ndk: type) -> tuple:
     i4, i8 = numba.int32, numba.int64
     return (a1(i4, 1, "C"), a1(numba.int16, 1, "C"), a1(i4, 1, "C"), a1(i8, 1, "C"), i8, i8, a1(ndk, 2, "C"),
             a1(i4, 2, "C", readonly=True), a1(i8, 1, "C"), a1(i4, 1, "C"), numba.float64, numba.float64,
-            numba.float64, numba.uint64)
+            numba.float64, numba.uint64, numba.boolean, numba.boolean)
 
 
 # The kernels and the types they are called with (litz.kernels; declared as apps.lda.KERNELS): `litz warmup`
@@ -318,30 +323,64 @@ def word_topic_counts(word: np.ndarray, z: np.ndarray, lo: int, hi: int, rows: i
     return np.bincount(key, minlength=rows * K).reshape(rows, K).astype(np.int32)
 
 
-def _sum_lgamma_shifted(counts: np.ndarray, shift: float) -> float:
-    """Σ (lgamma(n + shift) - lgamma(shift)) over non-negative integer counts (zeros contribute 0).
-
-    Counts are small integers, so a lookup table of lgamma over 0..max(n) beats calling lgamma per entry."""
-    if counts.size == 0:
-        return 0.0
-    top = int(counts.max())
-    if top <= 4 * counts.size:
-        table = gammaln(np.arange(top + 1, dtype=np.float64) + shift) - math.lgamma(shift)
-        return float(table[counts].sum())
-    nz = counts[counts > 0]
-    return float(gammaln(nz + shift).sum() - len(nz) * math.lgamma(shift))
+LGAMMA_TABLE = 1 << 16  # counts up to this take lgamma from a table built per call, larger ones call it
 
 
-def doc_log_likelihood(ndk: np.ndarray, doc_len: np.ndarray, alpha: float) -> float:
-    """Σ_d [lgamma(Kα) - lgamma(N_d + Kα) + Σ_k (lgamma(n_dk + α) - lgamma(α))] over these documents."""
+@numba.njit(nogil=True, cache=True)
+def _lgamma_table(top, shift):  # pragma: no cover
+    """lgamma(n + shift) - lgamma(shift) for n = 0..min(top, LGAMMA_TABLE)."""
+    size = min(max(top, 0), LGAMMA_TABLE) + 1
+    table = np.empty(size, np.float64)
+    base = math.lgamma(shift)
+    for n in range(size):
+        table[n] = math.lgamma(n + shift) - base
+    return table
+
+
+@numba.njit(nogil=True, cache=True)
+def doc_log_likelihood(ndk, doc_len, alpha):  # pragma: no cover
+    """Σ_d [lgamma(Kα) - lgamma(N_d + Kα) + Σ_k (lgamma(n_dk + α) - lgamma(α))] over these documents.
+
+    Counts are small integers: lgamma comes from a table over 0..max (a count never exceeds its document's
+    length). In numba, called from :func:`sample_task`: scipy's ``gammaln`` over numpy arrays took 0.3-0.4 ms
+    a block of 138 000 entries, 3.5% of them non-zero (the 270 000-token corpus of bench/lda_quality.py), a
+    sixth of the block's sampling, and importing scipy.special 0.15 s of CPU at every start."""
     D, K = ndk.shape
-    return (_sum_lgamma_shifted(ndk, alpha) + D * math.lgamma(K * alpha)
-            - float(gammaln(doc_len + K * alpha).sum()))
+    top = 0
+    for d in range(D):
+        top = max(top, doc_len[d])
+    table = _lgamma_table(top, alpha)
+    ka = K * alpha
+    acc = D * math.lgamma(ka)
+    for d in range(D):
+        acc -= math.lgamma(doc_len[d] + ka)
+        for k in range(K):
+            n = ndk[d, k]
+            if n > 0:
+                acc += table[n] if n < table.shape[0] else math.lgamma(n + alpha) - math.lgamma(alpha)
+    return acc
 
 
-def word_log_likelihood(wt: np.ndarray, beta: float) -> tuple[float, np.ndarray]:
-    """Σ_{w,k} (lgamma(n_wk + β) - lgamma(β)) over one block, and the block's column sums (int64)."""
-    return _sum_lgamma_shifted(wt, beta), wt.sum(axis=0, dtype=np.int64)
+@numba.njit(nogil=True, cache=True)
+def word_log_likelihood(wt, beta):  # pragma: no cover
+    """Σ_{w,k} (lgamma(n_wk + β) - lgamma(β)) over one block, and the block's column sums (int64). Counts
+    below zero (a shard restored by a partial recovery, until the recount) add nothing."""
+    V, K = wt.shape
+    cols = np.zeros(K, np.int64)
+    top = 0
+    for v in range(V):
+        for k in range(K):
+            n = wt[v, k]
+            cols[k] += n
+            top = max(top, n)
+    table = _lgamma_table(top, beta)
+    acc = 0.0
+    for v in range(V):
+        for k in range(K):
+            n = wt[v, k]
+            if n > 0:
+                acc += table[n] if n < table.shape[0] else math.lgamma(n + beta) - math.lgamma(beta)
+    return acc, cols
 
 
 def compact_delta(delta: np.ndarray, lo: int, hi: int) -> np.ndarray:

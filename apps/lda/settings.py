@@ -20,7 +20,7 @@ DEFAULTS: dict[str, Any] = {
     # model and schedule
     "topics": 20, "alpha": 0.1, "beta": 0.01, "epochs": 20, "blocks": None, "seed": 0, "chain_seed": None,
     # outputs and checks
-    "output": None, "top_words": 10, "check_counts": False,
+    "output": None, "top_words": 10, "check_counts": False, "recovery_every": 0,
 }
 
 
@@ -44,6 +44,7 @@ class Settings:
     output: str | None
     top_words: int
     check_counts: bool
+    recovery_every: int
 
     @classmethod
     def from_config(cls, config: dict | None) -> Settings:
@@ -58,11 +59,14 @@ class Settings:
             "blocks": _opt_int(v, "blocks", 1), "seed": _int(v, "seed", 0),
             "chain_seed": _opt_int(v, "chain_seed", 0),
             "output": _path(v, "output"), "top_words": _int(v, "top_words", 0),
-            "check_counts": _bool(v, "check_counts"),
+            "check_counts": _bool(v, "check_counts"), "recovery_every": _int(v, "recovery_every", 0),
         }
         if out["synthetic"] == (out["corpus"] is not None):
             raise ConfigError("apps.lda needs exactly one of config 'corpus' (a UCI bag-of-words docword.txt) "
                               "or 'synthetic=1'")
+        if out["recovery_every"] and not out["synthetic"]:
+            raise ConfigError("config 'recovery_every' needs 'synthetic=1': topic recovery compares with the true "
+                              "topics")
         if out["topics"] > 32767:
             raise ConfigError(f"config 'topics' must be at most 32767, got {out['topics']}")
         if out["corpus"] is not None and not os.path.isfile(out["corpus"]):
