@@ -14,9 +14,11 @@ directory (``.npz`` for MLR, ``.npy`` for k-means and HDBSCAN, a UCI ``docword.t
 forked and fresh worker processes alike and is removed when ``fit`` returns.
 
 A fit is reproducible for a given ``random_state`` when its result does not depend on timing: always for
-:class:`KMeans` (bulk synchronous, double-buffered) and :class:`HDBSCAN` (barrier phases), and with
-``executors=1`` for :class:`LogisticRegression` and :class:`LatentDirichletAllocation`, whose executors read
-each other's updates as they happen to arrive (their ``non_deterministic`` tag says so otherwise).
+:class:`KMeans` (bulk synchronous, double-buffered), :class:`HDBSCAN` (barrier phases) and
+:class:`LatentDirichletAllocation` (block-scheduled: each task reads the blocks and topic totals of the tasks
+before it in the schedule, so a fixed number of executors gives the same topics), and with ``executors=1`` for
+:class:`LogisticRegression`, whose executors read each other's updates as they happen to arrive (its
+``non_deterministic`` tag says so otherwise).
 """
 from __future__ import annotations
 
@@ -290,7 +292,6 @@ class LatentDirichletAllocation(TransformerMixin, _LitzEstimator):
         tags = super().__sklearn_tags__()
         tags.input_tags.positive_only = True
         tags.input_tags.sparse = True
-        tags.non_deterministic = self.executors != 1
         return tags
 
     def _counts(self, X: Any, reset: bool, whom: str) -> sp.csr_matrix:
