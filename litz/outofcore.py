@@ -242,6 +242,15 @@ class Residency:
         """What loading ``eid`` brings back into memory (state and input data)."""
         return self.spilled[eid].nbytes + sum(rec.nbytes for rec, _ in self.inputs.get(eid, {}).values())
 
+    def prefetch_fits(self, eid: int, pinned: set[int]) -> bool:
+        """Whether loading spilled ``eid`` fits in the budget next to the ``pinned`` executors (those with a task,
+        which are never spilled) and the loads under way, once every other executor is spilled: a prefetch that
+        cannot fit must not spill idle executors for nothing (docs/design.md, O4)."""
+        if self.budget is None or eid not in self.spilled or eid in self.loading:
+            return False
+        kept = sum(self.sizes.get(e, 0) for e in self.lru if e in pinned)
+        return kept + self.loading_bytes() + self.load_bytes(eid) <= self.budget
+
     def start_load(self, eid: int) -> None:
         if eid in self.spilled and eid not in self.loading:
             if self._pool is None:

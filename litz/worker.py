@@ -344,6 +344,8 @@ class Worker(Process):
             self.residency.budget = msg[1]
             if msg[1] is not None:
                 self.enforce_budget()
+        elif tag == P.PREFETCH:
+            self.prefetch_hint(msg[1])
         elif tag == P.SERVERS_LOST:
             self.servers_lost(set(msg[1]), msg[2], set(msg[3]) if len(msg) > 3 else None)
         elif not self.handle_lifecycle(tag, msg):
@@ -421,6 +423,21 @@ class Worker(Process):
         if eid in self.residency.spilled and eid not in self.residency.loading:
             self.load_queue[eid] = None
             self.start_queued_loads()
+
+    def prefetch_hint(self, eid: int) -> None:
+        """The master's hint that ``eid`` runs next here (docs/design.md, O3, O4): load it now, while the current
+        tasks run, if it fits in the budget once idle executors are spilled; never by spilling an executor with a
+        task, never ahead of a task's load waiting for room, never over the budget. Otherwise nothing happens."""
+        res = self.residency
+        if (res.budget is None or eid not in res.spilled or eid in res.loading or self.load_queue
+                or self._spill_retry_at):
+            return
+        pinned = {e for e in res.lru if self.pending[e] or e in self.moving or e not in self.executors}
+        if not res.prefetch_fits(eid, pinned):
+            return
+        self.evict_idle(need=res.load_bytes(eid) + res.loading_bytes())
+        if res.resident() + res.load_bytes(eid) + res.loading_bytes() <= res.budget:
+            res.start_load(eid)
 
     def start_queued_loads(self) -> None:
         """Start loads in task order while they fit in the budget next to what is resident or loading; the
