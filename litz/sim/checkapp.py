@@ -59,8 +59,25 @@ class CheckDriver(litz.Driver):
         if self.ssp is not None:
             self.ssp.start()
             return
+        self.choose = bool(self.config.get("choose"))
+        self.busy: set = set()
+        if self.choose:  # half as many tasks as executors at a time, each to one the runtime picks among the idle
+            for _ in range((self.num_executors + 1) // 2):
+                self.dispatch_next()
+            return
         for e in range(self.num_executors):
             self.dispatch_task(e, self.task_args(0, e))
+
+    def dispatch_next(self) -> None:
+        """``choose``: the next round of an executor the runtime picks among those idle with rounds left (its tasks
+        stay one after another, so executor state is checked as without the choice)."""
+        idle = [e for e in range(self.num_executors) if e not in self.busy and self.done[e] < self.rounds]
+        if idle:
+            e = self.choose_executor(idle)
+            if e not in idle:
+                checks.violation(f"choose_executor gave executor {e}, not one of {idle}")
+            self.busy.add(e)
+            self.dispatch_task(e, self.task_args(self.done[e], e))
 
     def task_args(self, r: int, e: int) -> tuple:
         """Round ``r`` of executor ``e``, called as it is dispatched: what it may read is fixed now."""
@@ -104,6 +121,11 @@ class CheckDriver(litz.Driver):
         if self.ssp is not None:
             self.ssp.complete(r)
             if self.ssp.done:
+                self.verify()
+        elif self.choose:
+            self.busy.discard(e)
+            self.dispatch_next()
+            if all(d >= self.rounds for d in self.done):
                 self.verify()
         elif self.done[e] < self.rounds:
             self.dispatch_task(e, self.task_args(self.done[e], e))
