@@ -766,14 +766,14 @@ class Master(Process):
         moving = self.moving_executors
         eid, hint = self.memsched.choose(eids, lambda e: moving.get(e) or self.executor_owner[e])
         if hint is not None and not self.recovery.paused and eid not in moving:
-            self.memsched.hints[self.executor_owner[eid]] = hint
+            self.memsched.hints[self.executor_owner[eid]] = (hint, eid)
         return eid
 
     def send_prefetch_hints(self) -> None:
         """Behind the TASKS just sent (O3): each worker's hinted executor, if it is still there."""
-        for worker, eid in self.memsched.take_hints().items():
+        for worker, (eid, chosen) in self.memsched.take_hints().items():
             if self.executor_owner[eid] == worker and eid not in self.moving_executors and worker in self.workers:
-                self.send(worker, (P.PREFETCH, eid))
+                self.send(worker, (P.PREFETCH, eid, chosen))
 
     def driver_get_many(self, keys: list) -> list:
         """The driver's ``ps_get_many``: each key's value from the server of its shard in this master's map, read-only,

@@ -36,7 +36,7 @@ class MemoryScheduler:
         self.spilled: set[int] = set()  # executors a worker said it evicted and has not loaded since
         self.outstanding: dict[int, int] = defaultdict(int)  # executor -> tasks dispatched since counting began
         self.tids: set[int] = set()  # the ids of those tasks not yet done
-        self.hints: dict[str, int] = {}  # worker -> executor it should prefetch, sent behind its next TASKS
+        self.hints: dict[str, tuple[int, int]] = {}  # worker -> (executor to prefetch, the chosen one), behind TASKS
         self.choices = 0
         self.hints_sent = 0
 
@@ -67,14 +67,14 @@ class MemoryScheduler:
     def memory_event(self, kind: str, eid: int) -> None:
         if kind == "evict":
             self.spilled.add(eid)
-        elif kind == "load":
+        elif kind in ("load", "prefetch"):
             self.spilled.discard(eid)
 
     def moved(self, eid: int) -> None:
         """A moved executor arrives resident (its source loaded it to send it)."""
         self.spilled.discard(eid)
 
-    def take_hints(self) -> dict[str, int]:
+    def take_hints(self) -> dict[str, tuple[int, int]]:
         hints, self.hints = self.hints, {}
         self.hints_sent += len(hints)
         return hints

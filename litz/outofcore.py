@@ -159,6 +159,7 @@ class Residency:
         # file is never loaded, and only that attribute (an app's per-epoch index need not rewrite its rows)
         self.inputs: dict[int, dict[str, tuple[Spilled, _Loaded | None]]] = {}
         self.loading: dict[int, Future] = {}
+        self.prefetches: set[int] = set()  # loads started on a hint (no task yet): their event says "prefetch"
         self.dirty: set[int] = set()
         self._pool: Executor | None = None
         self._readahead: Executor | None = None
@@ -250,6 +251,19 @@ class Residency:
             return False
         kept = sum(self.sizes.get(e, 0) for e in self.lru if e in pinned)
         return kept + self.loading_bytes() + self.load_bytes(eid) <= self.budget
+
+    def start_prefetch(self, eid: int) -> None:
+        """:meth:`start_load` for an executor with no task yet (a hint, docs/design.md O3)."""
+        if eid in self.spilled and eid not in self.loading:
+            self.prefetches.add(eid)
+            self.start_load(eid)
+
+    def load_kind(self, eid: int) -> str:
+        """The event a finished load of ``eid`` is told as: ``prefetch`` if a hint started it, else ``load``."""
+        if eid in self.prefetches:
+            self.prefetches.discard(eid)
+            return "prefetch"
+        return "load"
 
     def start_load(self, eid: int) -> None:
         if eid in self.spilled and eid not in self.loading:

@@ -78,8 +78,8 @@ SERVERS_LOST = "servers_lost"      # master -> worker: (SERVERS_LOST, lost ident
 
 # out-of-core (thesis §4.8)
 MEMORY_LIMIT = "memory_limit"  # master -> worker: (MEMORY_LIMIT, bytes or None)
-MEMORY_EVENT = "memory_event"  # worker -> master: (MEMORY_EVENT, kind "evict"|"load", eid, bytes, seconds)
-PREFETCH = "prefetch"  # master -> worker: (PREFETCH, eid) load it if it fits, behind the TASKS just sent (O3)
+MEMORY_EVENT = "memory_event"  # worker -> master: (MEMORY_EVENT, kind "evict"|"load"|"prefetch", eid, bytes, s)
+PREFETCH = "prefetch"  # master -> worker: (PREFETCH, eid, chosen eid) load eid while chosen's tasks run (O3)
 
 
 # -- shapes ------------------------------------------------------------------------------------------------------
@@ -120,7 +120,7 @@ SHAPES: dict[str, dict[str, tuple]] = {
         MOVE_EXECUTOR: _shape(_INT, str, bool, bool, master=True), EXECUTOR: _shape(_INT, object, list, bool, bool),
         COPY_INPUT: _shape(_INT, str, master=True), INPUT: _shape(_INT, dict), DROP_INPUT: _shape(_INT, master=True),
         RESTORE: _shape(str, dict, tuple, master=True), MEMORY_LIMIT: _shape((int, type(None)), master=True),
-        PREFETCH: _shape(_INT, master=True),
+        PREFETCH: _shape(_INT, _INT, master=True),
         SERVERS_LOST: _shape(_SEQ, tuple, _SEQ, optional=1, master=True),
     },
     "server": {
