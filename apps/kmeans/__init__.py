@@ -32,8 +32,10 @@ Mini-batches are defined per row, not per executor: row ``r`` is in batch ``hash
 ``batch`` rows drawn uniformly from all executors.
 
 Protocol (task arguments -> result dicts):
- * ``("info",)`` -> partition size and ``d``: the driver learns N and checks ``k <= N``.
- * ``("sample", p)`` -> the executor's rows with ``uniform(seed, row) < p``: the driver gathers a uniform
+ * ``("sample", p)`` -> the executor's rows with ``uniform(seed, row) < p``, its number of rows and ``d`` (with
+   ``p`` None the first time, each executor works out the rate from N, which it knows: one round over the
+   data instead of two, which under a memory limit is a load of every executor): the driver learns N, checks
+   ``k <= N`` and gathers a uniform
    sample of about ``init_sample`` rows (the same rows whatever the partitioning). On it, it runs
    ``init_trials`` k-means++ (or random-point) initialisations, refines each by ``init_iters`` Lloyd rounds
    and keeps the best by sample objective, deterministically per seed. Without the refinement the best
@@ -73,6 +75,11 @@ def read_slot(iteration: int, staleness: int, double: bool = True) -> int:
 
 def write_slot(iteration: int, staleness: int, double: bool = True) -> int:
     return iteration % 2 if staleness == 0 and double else 0
+
+
+def sample_rate(s: Settings, n: int) -> float:
+    """The rate of the initialisation sample: about ``init_sample`` rows of ``n`` (at least 2k + 100)."""
+    return min(1.0, max(s.init_sample, 2 * s.k + 100) / n)
 
 
 class ChunkPlan:
@@ -139,7 +146,8 @@ class KMeansDriver(litz.Driver):
         self.epoch_stats: dict[int, list[float]] = {}  # epoch -> [summed squared distance, rows]
         self.ssp: SSP | None = None
         self.plan: ChunkPlan | None = None
-        self._broadcast(("info",))
+        self.sample_p: float | None = None
+        self._broadcast(("sample", None))
 
     def handle_task_completion(self, result: dict) -> None:
         kind = result["kind"]
@@ -151,7 +159,10 @@ class KMeansDriver(litz.Driver):
                 self._start_sampling()
         elif kind == "sample":
             self.samples[result["executor"]] = result["rows"]
+            self.infos[result["executor"]] = {"rows": result["rows_held"], "d": result["d"]}
             if len(self.samples) == self.num_executors:
+                if self.sample_p is None:
+                    self._learn_size()
                 self._initialise()
         elif kind == "init":
             self._start_training()
@@ -168,6 +179,11 @@ class KMeansDriver(litz.Driver):
 
     # -- initialisation ------------------------------------------------------------------------------
     def _start_sampling(self) -> None:
+        self._learn_size()
+        self._broadcast(("sample", self.sample_p))
+
+    def _learn_size(self) -> None:
+        """N, d and the sample rate from the executors' answers; ``k <= N`` checked."""
         s = self.settings
         dims = {r["d"] for r in self.infos.values()}
         if len(dims) != 1:
@@ -178,8 +194,7 @@ class KMeansDriver(litz.Driver):
             where = s.input if s.input is not None else "the synthetic data"
             raise data.DataError(f"k={s.k} is larger than the number of points in {where} (n={self.n})")
         self.per_epoch = math.ceil(self.n / s.batch)
-        self.sample_p = min(1.0, max(s.init_sample, 2 * s.k + 100) / self.n)
-        self._broadcast(("sample", self.sample_p))
+        self.sample_p = sample_rate(s, self.n)
 
     def _initialise(self) -> None:
         s = self.settings
@@ -284,8 +299,10 @@ class KMeansExecutor(litz.Executor):
         if kind == "eval":
             return self._eval(args[1])
         if kind == "sample":
-            keep = data.row_uniform(self.lo, self.lo + len(self.X), self.settings.seed, data.SAMPLE) < args[1]
-            return {"kind": "sample", "executor": self.executor_id, "rows": self.X[keep]}
+            p = sample_rate(self.settings, self.n) if args[1] is None else args[1]
+            keep = data.row_uniform(self.lo, self.lo + len(self.X), self.settings.seed, data.SAMPLE) < p
+            return {"kind": "sample", "executor": self.executor_id, "rows": self.X[keep], "d": self.X.shape[1],
+                    "rows_held": len(self.X)}
         if kind == "init":
             double = self.settings.staleness == 0 and self.settings.sampling == "rows"
             for slot in ((0, 1) if double else (0,)):
