@@ -34,6 +34,7 @@ from .joblog import JobLog, check_json, config_shown
 from .kernels import FIRST_RUN, app_kernels, compile_all, preload, watch
 from .keys import ShardMap
 from .membership import Membership
+from .memsched import MemoryScheduler
 from .outofcore import parse_bytes
 from .owners import Placement
 from .placement import ExecutorCosts, Policy, SpeedMeter, leaving_first, make_policy
@@ -151,6 +152,7 @@ class Master(Process):
         self.speed_window_s = SPEED_WINDOW_S
         # docs/design.md, "Placement policy": stealing between rebalances
         self.stealing = Stealing(self, policy.threshold) if steals and steal is not False else None
+        self.memsched: MemoryScheduler | None = None  # made by the driver's first choose_executor (O2)
         self.app = app
         self.config = config
         self.requested_executors = num_executors
@@ -579,6 +581,8 @@ class Master(Process):
         self.started = False
         if self.stealing is not None:
             self.stealing.reset()
+        if self.memsched is not None:
+            self.memsched.reset(num_executors)
         for member in (*self.workers.values(), *self.servers.values()):
             member.retire_sent = False
 
@@ -616,6 +620,8 @@ class Master(Process):
                 meter.add(*timing[:3], clock.time())
                 self.executor_costs.add(timing[3])
             self.note_writes(sender, msg[2])  # before the driver dispatches anything behind these completions
+            if self.memsched is not None:
+                self.memsched.done(msg[1])
             self.on_done(msg[1])
         elif tag == P.STATS:
             member = self.workers.get(sender) or self.servers.get(sender)
@@ -647,6 +653,8 @@ class Master(Process):
             self.recovery.on_restored(sender, msg[1])
         elif tag == P.MEMORY_EVENT:
             self.joblog.event(msg[1], worker=sender, executor=msg[2], bytes=msg[3], seconds=msg[4])
+            if self.memsched is not None:
+                self.memsched.memory_event(msg[1], msg[2])
         elif tag == P.PRIORITY_DISTANCES:
             self.recovery.on_priority_distances(sender, msg[1], msg[2])
         elif tag == P.PRIORITY_SAVED:
@@ -756,6 +764,8 @@ class Master(Process):
                     self.stealing.sent(tasks)
                 written = foreign.pop(worker, ())
                 self.send(worker, (P.TASKS, tasks, None if written is None else list(written)))
+            if self.memsched is not None and self.memsched.hints:
+                self.send_prefetch_hints()
 
     def flush_outbox_after(self) -> None:
         """flush_outbox once the driver has used after=: TASKS also carry the DONE count (A4) and the tasks sent
@@ -772,6 +782,8 @@ class Master(Process):
             written = foreign.pop(worker, ())
             self.send(worker, (P.TASKS, tasks, None if written is None else list(written), self.done_seen[worker],
                                early))
+        if self.memsched is not None and self.memsched.hints:
+            self.send_prefetch_hints()
 
     def check_progress(self) -> None:
         if not self.finished and self.in_flight == 0:
@@ -793,6 +805,8 @@ class Master(Process):
             self.next_tid += 1
         task = (tid, eid, self.version, args)
         self.in_flight += 1
+        if self.memsched is not None:
+            self.memsched.dispatched(task[0], eid)
         if self.after is not None:
             self.after.dispatch(task, [after] if isinstance(after, (int, np.integer)) else after)
             return tid
@@ -801,6 +815,29 @@ class Master(Process):
         else:
             self.route(task)
         return tid
+
+    def choose_executor(self, executors: Iterable[int]) -> int:
+        """``Driver.choose_executor``: the candidate cheapest to run a task on now (docs/design.md, O1-O3); a spilled
+        one to prefetch behind it goes out with the next dispatch to that worker."""
+        eids = []
+        for executor in executors:
+            if not isinstance(executor, (int, np.integer)) or not 0 <= executor < self.num_executors:
+                raise ValueError(f"choose_executor: executors must be ints in [0, {self.num_executors}), "
+                                 f"got {executor!r}")
+            eids.append(int(executor))
+        if self.memsched is None:
+            self.memsched = MemoryScheduler(self.num_executors)
+        moving = self.moving_executors
+        eid, hint = self.memsched.choose(eids, lambda e: moving.get(e) or self.executor_owner[e])
+        if hint is not None and not self.recovery.paused and eid not in moving:
+            self.memsched.hints[self.executor_owner[eid]] = (hint, eid)
+        return eid
+
+    def send_prefetch_hints(self) -> None:
+        """Behind the TASKS just sent (O3): each worker's hinted executor, if it is still there."""
+        for worker, (eid, chosen) in self.memsched.take_hints().items():
+            if self.executor_owner[eid] == worker and eid not in self.moving_executors and worker in self.workers:
+                self.send(worker, (P.PREFETCH, eid, chosen))
 
     def driver_get_many(self, keys: list) -> list:
         """The driver's ``ps_get_many``: each key's value from the server of its shard in this master's map, read-only,
@@ -1015,6 +1052,8 @@ class Master(Process):
             self.operation.executors_moved += 1
         if self.stealing is not None:
             self.stealing.moved(eid, dest, nbytes)
+        if self.memsched is not None:
+            self.memsched.moved(eid)
         if self.channel_busy.get((src, dest)) == eid:
             del self.channel_busy[(src, dest)]
             if self.start_copies():

@@ -159,6 +159,7 @@ class Residency:
         # file is never loaded, and only that attribute (an app's per-epoch index need not rewrite its rows)
         self.inputs: dict[int, dict[str, tuple[Spilled, _Loaded | None]]] = {}
         self.loading: dict[int, Future] = {}
+        self.prefetches: set[int] = set()  # loads started on a hint (no task yet): their event says "prefetch"
         self.dirty: set[int] = set()
         self._pool: Executor | None = None
         self._readahead: Executor | None = None
@@ -241,6 +242,28 @@ class Residency:
     def load_bytes(self, eid: int) -> int:
         """What loading ``eid`` brings back into memory (state and input data)."""
         return self.spilled[eid].nbytes + sum(rec.nbytes for rec, _ in self.inputs.get(eid, {}).values())
+
+    def prefetch_fits(self, eid: int, pinned: set[int]) -> bool:
+        """Whether loading spilled ``eid`` fits in the budget next to the ``pinned`` executors (those with a task,
+        which are never spilled) and the loads under way, once every other executor is spilled: a prefetch that
+        cannot fit must not spill idle executors for nothing (docs/design.md, O4)."""
+        if self.budget is None or eid not in self.spilled or eid in self.loading:
+            return False
+        kept = sum(self.sizes.get(e, 0) for e in self.lru if e in pinned)
+        return kept + self.loading_bytes() + self.load_bytes(eid) <= self.budget
+
+    def start_prefetch(self, eid: int) -> None:
+        """:meth:`start_load` for an executor with no task yet (a hint, docs/design.md O3)."""
+        if eid in self.spilled and eid not in self.loading:
+            self.prefetches.add(eid)
+            self.start_load(eid)
+
+    def load_kind(self, eid: int) -> str:
+        """The event a finished load of ``eid`` is told as: ``prefetch`` if a hint started it, else ``load``."""
+        if eid in self.prefetches:
+            self.prefetches.discard(eid)
+            return "prefetch"
+        return "load"
 
     def start_load(self, eid: int) -> None:
         if eid in self.spilled and eid not in self.loading:

@@ -19,7 +19,7 @@ import numpy as np
 # 2: the executor class travels with the app's search paths; DONE carries the worker's timing; the master reads
 # parameters for the driver.
 # 3: TASKS from the master carry the count of the worker's DONEs it handled and the tasks sent ahead (after=);
-# DONE's timing also carries each executor's running time.
+# DONE's timing also carries each executor's running time; PREFETCH (master -> worker).
 VERSION = 3
 
 HELLO = "hello"        # worker/server -> master: (HELLO, VERSION, role, info: address, a worker's app_tokens)
@@ -83,7 +83,8 @@ SERVERS_LOST = "servers_lost"      # master -> worker: (SERVERS_LOST, lost ident
 
 # out-of-core (thesis §4.8)
 MEMORY_LIMIT = "memory_limit"  # master -> worker: (MEMORY_LIMIT, bytes or None)
-MEMORY_EVENT = "memory_event"  # worker -> master: (MEMORY_EVENT, kind "evict"|"load", eid, bytes, seconds)
+MEMORY_EVENT = "memory_event"  # worker -> master: (MEMORY_EVENT, kind "evict"|"load"|"prefetch", eid, bytes, s)
+PREFETCH = "prefetch"  # master -> worker: (PREFETCH, eid, chosen eid) load eid while chosen's tasks run (O3)
 
 
 # -- shapes ------------------------------------------------------------------------------------------------------
@@ -127,6 +128,7 @@ SHAPES: dict[str, dict[str, tuple]] = {
         MOVE_EXECUTOR: _shape(_INT, str, bool, bool, master=True), EXECUTOR: _shape(_INT, object, list, bool, bool),
         COPY_INPUT: _shape(_INT, str, master=True), INPUT: _shape(_INT, dict), DROP_INPUT: _shape(_INT, master=True),
         RESTORE: _shape(str, dict, tuple, master=True), MEMORY_LIMIT: _shape((int, type(None)), master=True),
+        PREFETCH: _shape(_INT, _INT, master=True),
         SERVERS_LOST: _shape(_SEQ, tuple, _SEQ, optional=1, master=True),
     },
     "server": {

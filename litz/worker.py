@@ -428,6 +428,8 @@ class Worker(Process):
             self.residency.budget = msg[1]
             if msg[1] is not None:
                 self.enforce_budget()
+        elif tag == P.PREFETCH:
+            self.prefetch_hint(msg[1], msg[2])
         elif tag == P.SERVERS_LOST:
             self.servers_lost(set(msg[1]), msg[2], set(msg[3]) if len(msg) > 3 else None)
         elif not self.handle_lifecycle(tag, msg):
@@ -552,6 +554,23 @@ class Worker(Process):
             self.load_queue[eid] = None
             self.start_queued_loads()
 
+    def prefetch_hint(self, eid: int, chosen: int) -> None:
+        """The master's hint that ``eid`` runs here after ``chosen`` (docs/design.md, O3, O4): load it now, while
+        ``chosen``'s tasks run, if it fits in the budget once idle executors are spilled; never by spilling an
+        executor with a task, never ahead of a task's load waiting for room, never over the budget. A hint that
+        arrives after ``chosen``'s tasks ended is stale (the master may have picked ``chosen`` again since, and
+        this load would spill it): dropped, as one that does not fit."""
+        res = self.residency
+        if (res.budget is None or eid not in res.spilled or eid in res.loading or self.load_queue
+                or self._spill_retry_at or not self.pending[chosen]):
+            return
+        pinned = {e for e in res.lru if self.pending[e] or e in self.moving or e not in self.executors}
+        if not res.prefetch_fits(eid, pinned):
+            return
+        self.evict_idle(need=res.load_bytes(eid) + res.loading_bytes())
+        if res.resident() + res.load_bytes(eid) + res.loading_bytes() <= res.budget:
+            res.start_prefetch(eid)
+
     def start_queued_loads(self) -> None:
         """Start loads in task order while they fit in the budget next to what is resident or loading; the
         rest wait until an executor's task ends and it can be evicted. (Starting every load at once held
@@ -580,7 +599,7 @@ class Worker(Process):
             return
         for eid, state, nbytes, seconds in loaded:
             self.install(eid, state)
-            self.memory_event("load", eid, nbytes, seconds)
+            self.memory_event(self.residency.load_kind(eid), eid, nbytes, seconds)
             self.runnable.extend(self.waiting_load.pop(eid, []))
 
     def install(self, eid: int, state: Any) -> Executor:
@@ -601,7 +620,7 @@ class Worker(Process):
         if eid in self.residency.spilled:
             state, nbytes, seconds = self.residency.load_now(eid)
             self.install(eid, state)
-            self.memory_event("load", eid, nbytes, seconds)
+            self.memory_event(self.residency.load_kind(eid), eid, nbytes, seconds)
             self.runnable.extend(self.waiting_load.pop(eid, []))
 
     def on_shard_map(self, num_shards: int, owners: list[str], version: int) -> None:

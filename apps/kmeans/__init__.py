@@ -32,8 +32,10 @@ Mini-batches are defined per row, not per executor: row ``r`` is in batch ``hash
 ``batch`` rows drawn uniformly from all executors.
 
 Protocol (task arguments -> result dicts):
- * ``("info",)`` -> partition size and ``d``: the driver learns N and checks ``k <= N``.
- * ``("sample", p)`` -> the executor's rows with ``uniform(seed, row) < p``: the driver gathers a uniform
+ * ``("sample", p)`` -> the executor's rows with ``uniform(seed, row) < p``, its number of rows and ``d`` (with
+   ``p`` None the first time, each executor works out the rate from N, which it knows: one round over the
+   data instead of two, which under a memory limit is a load of every executor): the driver learns N, checks
+   ``k <= N`` and gathers a uniform
    sample of about ``init_sample`` rows (the same rows whatever the partitioning). On it, it runs
    ``init_trials`` k-means++ (or random-point) initialisations, refines each by ``init_iters`` Lloyd rounds
    and keeps the best by sample objective, deterministically per seed. Without the refinement the best
@@ -65,13 +67,71 @@ def _train_args(iteration: int, executor: int, *, per_epoch: int) -> tuple:
     return ("train", iteration, per_epoch)
 
 
-def read_slot(iteration: int, staleness: int) -> int:
-    """The model slot iteration ``iteration`` reads: the one the previous iteration wrote (one slot under SSP)."""
-    return (iteration - 1) % 2 if staleness == 0 else 0
+def read_slot(iteration: int, staleness: int, double: bool = True) -> int:
+    """The model slot iteration ``iteration`` reads: the one the previous iteration wrote (one slot under SSP, or
+    when mini-batches come from a few executors: ``double`` False)."""
+    return (iteration - 1) % 2 if staleness == 0 and double else 0
 
 
-def write_slot(iteration: int, staleness: int) -> int:
-    return iteration % 2 if staleness == 0 else 0
+def write_slot(iteration: int, staleness: int, double: bool = True) -> int:
+    return iteration % 2 if staleness == 0 and double else 0
+
+
+def sample_rate(s: Settings, n: int) -> float:
+    """The rate of the initialisation sample: about ``init_sample`` rows of ``n`` (at least 2k + 100)."""
+    return min(1.0, max(s.init_sample, 2 * s.k + 100) / n)
+
+
+class ChunkPlan:
+    """Which executors' chunks the mini-batches take with ``sampling=executors`` (counters only: it pickles with the
+    driver). Each epoch every executor's rows are shuffled and cut into chunks of ``ceil(batch / T)`` rows; a
+    mini-batch is ``T`` chunks, each from an executor the runtime picks among those with chunks left this epoch
+    (``Driver.choose_executor``: one in memory, on the least loaded worker), so an epoch still visits every row
+    once and, under a memory limit, an executor is loaded about once an epoch instead of once a mini-batch.
+    Iteration ``i`` is dispatched once iterations ``<= i - staleness - 1`` have all completed."""
+
+    def __init__(self, rows: dict[int, int], batch: int, tasks: int, epochs: int, staleness: int):
+        self.chunk = max(1, math.ceil(batch / tasks))
+        self.tasks, self.staleness = tasks, staleness
+        self.chunks = {e: math.ceil(n / self.chunk) for e, n in sorted(rows.items()) if n}
+        self.per_epoch = math.ceil(sum(self.chunks.values()) / tasks) if self.chunks else 0
+        self.iterations = epochs * self.per_epoch
+        self.dispatched = self.finished = 0
+        self.pending: dict[int, int] = {}
+        self.taken: dict[int, int] = {}  # executor -> chunks of the current epoch dispatched
+
+    def advance(self, driver: litz.Driver) -> None:
+        """Dispatch every iteration the staleness bound allows now."""
+        limit = min(self.iterations, self.finished + self.staleness + 1)
+        while self.dispatched < limit:
+            it = self.dispatched
+            epoch = it // self.per_epoch
+            if it % self.per_epoch == 0:
+                self.taken = dict.fromkeys(self.chunks, 0)
+            self.dispatched += 1
+            self.pending[it] = 0
+            for _ in range(self.tasks):
+                left = [e for e, n in self.chunks.items() if self.taken[e] < n]
+                if not left:
+                    break
+                e = driver.choose_executor(left)
+                driver.dispatch_task(e, ("chunk", it, epoch, self.taken[e], self.chunk))
+                self.taken[e] += 1
+                self.pending[it] += 1
+
+    def complete(self, iteration: int) -> list[int]:
+        """One task of ``iteration`` completed: the iterations that finished, in order."""
+        self.pending[iteration] -= 1
+        newly = []
+        while self.pending.get(self.finished) == 0:
+            del self.pending[self.finished]
+            newly.append(self.finished)
+            self.finished += 1
+        return newly
+
+    @property
+    def done(self) -> bool:
+        return self.finished == self.iterations
 
 
 class KMeansDriver(litz.Driver):
@@ -85,7 +145,9 @@ class KMeansDriver(litz.Driver):
         self.evals: dict[int, dict] = {}
         self.epoch_stats: dict[int, list[float]] = {}  # epoch -> [summed squared distance, rows]
         self.ssp: SSP | None = None
-        self._broadcast(("info",))
+        self.plan: ChunkPlan | None = None
+        self.sample_p: float | None = None
+        self._broadcast(("sample", None))
 
     def handle_task_completion(self, result: dict) -> None:
         kind = result["kind"]
@@ -97,7 +159,10 @@ class KMeansDriver(litz.Driver):
                 self._start_sampling()
         elif kind == "sample":
             self.samples[result["executor"]] = result["rows"]
+            self.infos[result["executor"]] = {"rows": result["rows_held"], "d": result["d"]}
             if len(self.samples) == self.num_executors:
+                if self.sample_p is None:
+                    self._learn_size()
                 self._initialise()
         elif kind == "init":
             self._start_training()
@@ -114,6 +179,11 @@ class KMeansDriver(litz.Driver):
 
     # -- initialisation ------------------------------------------------------------------------------
     def _start_sampling(self) -> None:
+        self._learn_size()
+        self._broadcast(("sample", self.sample_p))
+
+    def _learn_size(self) -> None:
+        """N, d and the sample rate from the executors' answers; ``k <= N`` checked."""
         s = self.settings
         dims = {r["d"] for r in self.infos.values()}
         if len(dims) != 1:
@@ -124,8 +194,7 @@ class KMeansDriver(litz.Driver):
             where = s.input if s.input is not None else "the synthetic data"
             raise data.DataError(f"k={s.k} is larger than the number of points in {where} (n={self.n})")
         self.per_epoch = math.ceil(self.n / s.batch)
-        self.sample_p = min(1.0, max(s.init_sample, 2 * s.k + 100) / self.n)
-        self._broadcast(("sample", self.sample_p))
+        self.sample_p = sample_rate(s, self.n)
 
     def _initialise(self) -> None:
         s = self.settings
@@ -143,6 +212,15 @@ class KMeansDriver(litz.Driver):
     # -- training ------------------------------------------------------------------------------------
     def _start_training(self) -> None:
         s = self.settings
+        if s.sampling == "executors":
+            self.plan = ChunkPlan({e: r["rows"] for e, r in self.infos.items()}, s.batch,
+                                  s.tasks_per_batch(self.num_executors), s.epochs, s.staleness)
+            self.per_epoch = self.plan.per_epoch
+            self.set_total(s.epochs, unit="epoch")
+            self.plan.advance(self)
+            if self.plan.done:
+                self._start_eval()
+            return
         self.ssp = SSP(self, s.staleness, s.epochs * self.per_epoch,
                        task_args=functools.partial(_train_args, per_epoch=self.per_epoch))
         self.set_total(s.epochs, unit="epoch")  # the progress line: epoch 3/10 and an ETA
@@ -155,15 +233,20 @@ class KMeansDriver(litz.Driver):
         stats = self.epoch_stats.setdefault(epoch, [0.0, 0])
         stats[0] += result["sse"]
         stats[1] += result["count"]
-        for iteration in self.ssp.complete(result["iteration"]):
+        schedule = self.plan if self.plan is not None else self.ssp
+        finished = schedule.complete(result["iteration"])
+        if self.plan is not None and finished:
+            self.plan.advance(self)
+        for iteration in finished:
             if (iteration + 1) % self.per_epoch == 0:
                 sse, count = self.epoch_stats.pop(iteration // self.per_epoch)
                 self.report(epoch=iteration // self.per_epoch + 1, batch_objective=sse / max(count, 1))
-        if self.ssp.done:
+        if schedule.done:
             self._start_eval()
 
     def _start_eval(self) -> None:
-        self._broadcast(("eval", read_slot(self.settings.epochs * self.per_epoch, self.settings.staleness)))
+        s = self.settings
+        self._broadcast(("eval", read_slot(s.epochs * self.per_epoch, s.staleness, s.sampling == "rows")))
 
     # -- result --------------------------------------------------------------------------------------
     def _finish(self) -> None:
@@ -178,6 +261,7 @@ class KMeansDriver(litz.Driver):
             "epochs": s.epochs,
             "iterations": s.epochs * self.per_epoch,
             "n": int(count), "d": int(self.d), "k": s.k, "batch": s.batch, "staleness": s.staleness,
+            "sampling": s.sampling, "batch_tasks": self.plan.tasks if self.plan is not None else None,
             "init": s.init, "init_sample_rows": int(self.sample_rows),
             "empty_clusters": int(np.sum(sizes == 0)),
             "model": self.output,
@@ -208,15 +292,20 @@ class KMeansExecutor(litz.Executor):
 
     def run_task(self, args: tuple) -> dict[str, Any]:
         kind = args[0]
+        if kind == "chunk":
+            return self._train_chunk(*args[1:])
         if kind == "train":
             return self._train(args[1], args[2])
         if kind == "eval":
             return self._eval(args[1])
         if kind == "sample":
-            keep = data.row_uniform(self.lo, self.lo + len(self.X), self.settings.seed, data.SAMPLE) < args[1]
-            return {"kind": "sample", "executor": self.executor_id, "rows": self.X[keep]}
+            p = sample_rate(self.settings, self.n) if args[1] is None else args[1]
+            keep = data.row_uniform(self.lo, self.lo + len(self.X), self.settings.seed, data.SAMPLE) < p
+            return {"kind": "sample", "executor": self.executor_id, "rows": self.X[keep], "d": self.X.shape[1],
+                    "rows_held": len(self.X)}
         if kind == "init":
-            for slot in ((0, 1) if self.settings.staleness == 0 else (0,)):
+            double = self.settings.staleness == 0 and self.settings.sampling == "rows"
+            for slot in ((0, 1) if double else (0,)):
                 self._push(args[1], slot)
             return {"kind": "init"}
         if kind == "info":
@@ -243,7 +332,8 @@ class KMeansExecutor(litz.Executor):
     # -- tasks -----------------------------------------------------------------------------------------
     def _batch_rows(self, epoch: int, t: int, per_epoch: int) -> np.ndarray:
         # one attribute, not three: an out-of-core load reads a file per input attribute
-        if self._index is None or self._index[0] != epoch or len(self._index[2]) != per_epoch + 1:
+        if self._index is None or self._index[0] != epoch or self._index[2] is None \
+                or len(self._index[2]) != per_epoch + 1:
             slots = data.batch_of_rows(self.lo, self.lo + len(self.X), self.settings.seed, epoch, per_epoch)
             order = np.argsort(slots, kind="stable")
             self._index = (epoch, order.astype(np.int32 if len(order) < 2 ** 31 else np.int64),
@@ -277,6 +367,19 @@ class KMeansExecutor(litz.Executor):
         # allocate everything first: a task that fails before its first ps_update can be retried safely
         self._push(total, write_slot(iteration, staleness))
         self.last_delta = mine
+        return {"kind": "train", "iteration": iteration, "sse": sse, "count": len(rows)}
+
+    def _train_chunk(self, iteration: int, epoch: int, chunk: int, size: int) -> dict[str, Any]:
+        """``sampling=executors``: chunk ``chunk`` of this executor's rows shuffled for ``epoch``, against the one
+        model slot (the batch's other chunks may or may not have been added yet: SSP's rule, timing-dependent)."""
+        if self._index is None or self._index[0] != epoch or self._index[2] is not None:
+            order = np.argsort(data.row_hash(self.lo, self.lo + len(self.X), self.settings.seed, data.BATCH, epoch))
+            self._index = (epoch, order.astype(np.int32 if len(order) < 2 ** 31 else np.int64), None)
+        rows = self._index[1][chunk * size:(chunk + 1) * size]
+        sse = 0.0
+        if len(rows):
+            delta, sse = model.batch_delta(self.X[np.sort(rows)], self._fetch(0))
+            self._push(delta, 0)
         return {"kind": "train", "iteration": iteration, "sse": sse, "count": len(rows)}
 
     def _eval(self, slot: int) -> dict[str, Any]:

@@ -62,10 +62,26 @@ def nearest(X: np.ndarray, centers: np.ndarray, center_sq: np.ndarray | None = N
 
 def batch_delta(X: np.ndarray, centers: np.ndarray) -> tuple[np.ndarray, float]:
     """The ``[S | N]`` delta of one mini-batch (``k x (d + 1)``: per-centre sums of the rows assigned to it,
-    and their counts) and the rows' summed squared distance to their nearest centre before the update."""
+    and their counts) and the rows' summed squared distance to their nearest centre before the update. In chunks
+    of about ``EVAL_ENTRIES`` (rows x max(k, d)) like :func:`score`: a task of 31 250 rows against 1 024 centres
+    otherwise made 256 MB of float64 temporaries (measured: a worker's peak RSS 816 MB instead of ~370 MB)."""
+    k, d = centers.shape
+    step = max(1, EVAL_ENTRIES // max(k, d, 1))
+    if len(X) > step:
+        center_sq = np.einsum("ij,ij->i", centers, centers)
+        delta, total = np.zeros((k, d + 1)), 0.0
+        for lo in range(0, len(X), step):
+            part, sse = _batch_delta(X[lo:lo + step], centers, center_sq)
+            delta += part
+            total += sse
+        return delta, total
+    return _batch_delta(X, centers)
+
+
+def _batch_delta(X: np.ndarray, centers: np.ndarray, center_sq: np.ndarray | None = None) -> tuple[np.ndarray, float]:
     k, d = centers.shape
     delta = np.zeros((k, d + 1))
-    labels, dist = nearest(X, centers)
+    labels, dist = nearest(X, centers, center_sq)
     if not len(labels):
         return delta, 0.0
     order = np.argsort(labels, kind="stable")

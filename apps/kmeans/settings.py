@@ -18,9 +18,10 @@ DEFAULTS: dict[str, Any] = {
     "n": 200_000, "d": 32, "blobs": None, "spread": 1.0,
     "k": 16, "epochs": 5, "batch": 4096, "seed": 0,
     "init": "k-means++", "init_sample": 10_000, "init_trials": 3, "init_iters": 10,
-    "staleness": 0, "blocks": None, "output": None,
+    "staleness": 0, "blocks": None, "output": None, "sampling": "executors", "batch_tasks": None,
 }
 INITS = ("k-means++", "random")
+SAMPLINGS = ("executors", "rows")  # a mini-batch from a few executors the runtime picks, or from every row
 BLOCK_BYTES = 1 << 20  # default parameter-server key size: ~1 MB of centroid rows per key
 
 
@@ -43,6 +44,8 @@ class Settings:
     staleness: int
     blocks: int | None
     output: str | None
+    sampling: str
+    batch_tasks: int | None
 
     @classmethod
     def from_config(cls, config: dict | None) -> Settings:
@@ -56,6 +59,7 @@ class Settings:
             "init_sample": _int(v, "init_sample", 1), "init_trials": _int(v, "init_trials", 1),
             "init_iters": _int(v, "init_iters", 0), "staleness": _int(v, "staleness", 0),
             "blocks": _opt_int(v, "blocks", 1), "output": _path(v, "output"),
+            "sampling": _choice(v, "sampling", SAMPLINGS), "batch_tasks": _opt_int(v, "batch_tasks", 1),
         }
         if out["synthetic"] == (out["input"] is not None):
             raise ConfigError("apps.kmeans needs exactly one of config 'input' (an N x D .npy file) "
@@ -66,6 +70,13 @@ class Settings:
                 raise ConfigError(f"k={out['k']} is larger than the number of points n={out['n']}")
         assert {f.name for f in fields(cls)} == set(out)
         return cls(**out)
+
+    def tasks_per_batch(self, num_executors: int) -> int:
+        """Tasks (executors) a mini-batch is drawn from with ``sampling=executors``: given, or a quarter of the
+        executors (one per worker at the default of 4 executors a worker), at least 1."""
+        if self.batch_tasks is not None:
+            return min(self.batch_tasks, max(1, self.batch))
+        return max(1, min(math.ceil(num_executors / 4), self.batch))
 
     def blocks_for(self, d: int) -> int:
         """Parameter-server keys the k centroid rows are split into: given, or ~1 MB each (at most k)."""

@@ -69,11 +69,28 @@ class CheckDriver(litz.Driver):
         self.latest: dict[int, int] = {}  # after=: executor -> id of its latest dispatched task
         self.tid_of: dict[tuple, int] = {}  # after=: (executor, round) -> task id, until it completes
         self._closure_now: tuple = ()
+        self.choose = bool(self.config.get("choose"))
+        self.busy: set = set()
+        if self.choose:  # half as many tasks as executors at a time, each to one the runtime picks among the idle
+            for _ in range((self.num_executors + 1) // 2):
+                self.dispatch_next()
+            return
         for e in range(self.num_executors):
             self.dispatch_task(e, self.task_args(0, e))
         if self.after:
             for e in range(self.num_executors):
                 self.dispatch_ahead(e, 1)
+
+    def dispatch_next(self) -> None:
+        """``choose``: the next round of an executor the runtime picks among those idle with rounds left (its tasks
+        stay one after another, so executor state is checked as without the choice)."""
+        idle = [e for e in range(self.num_executors) if e not in self.busy and self.done[e] < self.rounds]
+        if idle:
+            e = self.choose_executor(idle)
+            if e not in idle:
+                checks.violation(f"choose_executor gave executor {e}, not one of {idle}")
+            self.busy.add(e)
+            self.dispatch_task(e, self.task_args(self.done[e], e))
 
     def task_args(self, r: int, e: int, closure: tuple = ()) -> tuple:
         """Round ``r`` of executor ``e``, called as it is dispatched: what it may read is fixed now (with after=,
@@ -149,6 +166,11 @@ class CheckDriver(litz.Driver):
                 self.verify()
         elif self.after:
             self.dispatch_ahead(e, r + 2)
+            if all(d >= self.rounds for d in self.done):
+                self.verify()
+        elif self.choose:
+            self.busy.discard(e)
+            self.dispatch_next()
             if all(d >= self.rounds for d in self.done):
                 self.verify()
         elif self.done[e] < self.rounds:

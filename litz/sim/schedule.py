@@ -23,7 +23,7 @@ from .world import InlinePool, SimEndpoint, SimKV, SimProcess, World
 EVENTS = ("scale", "drain", "kill", "checkpoint", "memory", "registry")
 EVENTS_BEFORE_REGISTRY = EVENTS[:5]  # the kinds the plans of the recorded bug replays were drawn from
 # what the events led to, counted from the job's events
-OUTCOMES = ("recovery", "partial_recovery", "evict", "rebalance", "steal")
+OUTCOMES = ("recovery", "partial_recovery", "evict", "rebalance", "steal", "choice", "prefetch")
 JOB = "sim"
 SECRET = "sim"  # the job secret of every simulated process (sim:// carries no keys; requests are signed with it)
 TIME_LIMIT_S = 900.0  # simulated: a schedule still running by then has hung
@@ -69,6 +69,7 @@ class Plan:
     staleness: int | None = None  # None: each executor's tasks one after another; else SSP with this bound
     placement: str = "even"  # "speed": the master is fed random speed samples and rebalances by them
     after: bool = False  # each executor's next round dispatched ahead with after= (no SSP)
+    choose: bool = False  # the driver lets the runtime choose which idle executor runs the next task (O1-O3)
 
 
 def plan(seed: int, allowed: tuple[str, ...], placement: str | None = None) -> Plan:
@@ -100,6 +101,7 @@ def plan(seed: int, allowed: tuple[str, ...], placement: str | None = None) -> P
     p.staleness = rng.choice([None, None, 0, 1, 2])
     p.placement = rng.choice(["even", "speed"]) if placement is None else placement
     p.after = p.staleness is None and rng.random() < 0.4  # one schedule in five: docs/design.md, A1-A6
+    p.choose = p.staleness is None and not p.after and rng.random() < 0.5  # O1-O3; not with after=
     return p
 
 
@@ -148,7 +150,7 @@ class Schedule:
         p = self.plan
         membership = Membership(self.kv, JOB, pid=proc.pid)
         master = Master(_app, membership, SECRET, config={"rounds": p.rounds, "keys": p.keys, "staleness": p.staleness,
-                                                         "after": p.after},
+                                                         "after": p.after, "choose": p.choose},
                         num_executors=p.executors, num_shards=p.shards, min_workers=p.workers,
                         min_servers=p.servers, joblog=JobLog(progress=False), start_timeout=60.0,
                         spawn=self.spawn, checkpoint_dir=f"{self.tmp}/checkpoints" if p.checkpoint_every else None,
@@ -335,6 +337,9 @@ class Schedule:
             for e in self.master.joblog.events:
                 if e["kind"] in OUTCOMES:
                     self.events[e["kind"]] += 1
+            if self.master.memsched is not None:  # the runtime's choices of executor, and the hints they sent (O3)
+                self.events["choice"] += self.master.memsched.choices
+                self.events["prefetch"] += self.master.memsched.hints_sent
             if not self.events["kill"] and (self.events["recovery"] or self.events["partial_recovery"]):
                 # only a kill loses a process here: an outage, a reset or a move must cost no member (R1-R3)
                 why = [e.get("noticed") for e in self.master.joblog.events if e["kind"] == "recovery"]
