@@ -1358,7 +1358,10 @@ class Master(Process):
                          "address": m.info.get("address"),
                          "shards": shards.get(m.ident, []), "memory": m.stats.get("rss"),
                          "budget": m.stats.get("budget"), "state_bytes": m.stats.get("state_bytes"),
-                         "evicted": m.stats.get("evicted", [])}
+                         "evicted": m.stats.get("evicted", []),
+                         # requests it forwarded for moved shards, and how long ago one last went to or came
+                         # from another server (partial recovery waits FORWARD_SETTLE_S after that)
+                         "forwarded": m.stats.get("forwarded", 0), "forwarded_ago_s": m.stats.get("forwarded_ago_s")}
                         for m in self.servers.values()],
         }
 

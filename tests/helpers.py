@@ -162,6 +162,7 @@ def bare_server(ident: str, record):
     server.ident, server.shards, server.forward, server.last_forward = ident, ShardTables(ident), {}, {}
     server.exported, server.running_ckpt, server.running = set(), RunningCheckpoint(), True
     server.forwarded_to, server.retire_waiting, server.retire_since, server.fences = set(), None, -1, {}
+    server.forwarded = 0
     server._held, server.leaving = {}, False
     server.send = lambda to, msg, pickler=None: record(to, msg)
     return server
