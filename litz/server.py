@@ -22,7 +22,7 @@ import numpy as np
 from . import clock, process
 from . import protocol as P
 from .cache import add_into
-from .checkpoint import read_part, shard_part, sync_filesystem, write_part
+from .checkpoint import pause_for_test, read_part, shard_part, sync_filesystem, write_part
 from .errors import LitzError
 from .guard import BadMessage
 from .outofcore import ShardTables
@@ -248,6 +248,8 @@ class Server(Process):
             for shard, table in self.shards.items():
                 rel = shard_part(shard)
                 parts[rel] = write_part(root, rel, table, sync=False)
+                if len(parts) == 1:
+                    pause_for_test(self.ident, root)
             sync_filesystem(root)
         except Exception as exc:
             self.send("master", (P.CHECKPOINT_FAILED, f"server {self.ident}: {exc}"))

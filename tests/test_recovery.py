@@ -84,6 +84,47 @@ def test_a_server_lost_during_a_workers_recovery_restarts_it(tmp_path):
     assert "server s0 was lost during recovery; recovery starts over" in stderr
 
 
+def digests(path) -> dict[str, str]:
+    """Every file under ``path`` (relative name) -> the SHA-256 of its bytes."""
+    import hashlib
+
+    return {str(f.relative_to(path)): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in path.rglob("*") if f.is_file()}
+
+
+@pytest.mark.timeout(120)
+def test_a_server_killed_while_writing_a_checkpoint_leaves_the_previous_one_to_recover_from(tmp_path):
+    """kill -9 in the middle of writing checkpoint 2: s0 stops itself right after its first shard file (the test
+    hook LITZ_TEST_CHECKPOINT_PAUSE) and is killed there. Checkpoint 1 stays byte for byte as it was, the
+    half-written one is never taken for a checkpoint, and the job recovers from checkpoint 1 exactly."""
+    import psutil
+
+    from litz.checkpoint import CheckpointStore
+
+    name, out, ckpt = "torn-checkpoint", tmp_path / "out.json", tmp_path / "ckpt"
+    with Processes() as procs:
+        job = procs.start(job_args(name, str(ckpt), "--output", str(out), steps=RESUME_STEPS),  # no periodic ones
+                          env={**os.environ, "LITZ_TEST_CHECKPOINT_PAUSE": "s0:2"})
+        st = wait_for(lambda: (s := status(name)) and s["tasks_completed"] > 0 and s, 30, "the job running")
+        s0 = psutil.Process(next(s["pid"] for s in st["servers"] if s["id"] == "s0"))
+        assert ctl(name, "checkpoint").returncode == 0
+        wait_for(lambda: (s := status(name)) and s["checkpoints"] == 1, 30, "checkpoint 1")
+        first = ckpt / "ckpt-000001"
+        before = digests(first)
+        assert ctl(name, "checkpoint").returncode == 0
+        wait_for(lambda: s0.status() == psutil.STATUS_STOPPED, 30, "s0 to stop after its first shard file")
+        torn = ckpt / ".ckpt-000002.tmp"
+        assert len(list((torn / "shards").iterdir())) == 1 and not (torn / "manifest.json").exists()
+        assert [c.path for c in CheckpointStore(str(ckpt)).complete(any_run=True)] == [str(first)]
+        s0.kill()
+        stdout, stderr = job.communicate(timeout=90)
+        assert job.returncode == 0, stderr
+    check_result(json.loads(stdout), steps=RESUME_STEPS)  # back to checkpoint 1: nothing lost or applied twice
+    recoveries = [e for e in events_of(out) if e["kind"] == "recovery"]
+    assert [(e["lost"], e["checkpoint"]) for e in recoveries] == [(["s0"], str(first))], recoveries
+    assert digests(first) == before and not torn.exists()  # untouched; the torn one was cleared away
+
+
 def stopped_job_with_checkpoints(tmp_path, name: str, count: int = 3, keep: int = 5):
     """Run a job until it has ``count`` checkpoints, then stop it; returns the checkpoint directory."""
     ckpt = tmp_path / "ckpt"
