@@ -112,6 +112,12 @@ def running_values(tmp_path) -> dict[str, np.ndarray]:
     return values
 
 
+def all_saved_at(tmp_path, value: float) -> bool:
+    """Every key of the phases app holds ``value`` in the running checkpoint on disk."""
+    saved = running_values(tmp_path)
+    return len(saved) == len(KEYS) and all((a == value).all() for a in saved.values())
+
+
 def phase(name: str) -> str | None:
     st = status(name)
     return st and st["report"].get("phase")
@@ -194,9 +200,7 @@ def test_priority_checkpoints_feed_partial_recovery(tmp_path):
         wait_for(lambda: phase(name) == "idle3", 30, "the second quiet phase")
         # a round every 0.2 s saves a quarter of each server's keys, most-changed first: within 8 rounds of
         # the quiet phase every key holds its final value 11 in the running checkpoint
-        wait_for(lambda: (v := running_values(tmp_path)) and len(v) == len(KEYS) and all((a == 11).all() for a in
-                                                                                        v.values()),
-                 30, "every key at 11 in the running checkpoint")
+        wait_for(lambda: all_saved_at(tmp_path, 11.0), 30, "every key at 11 in the running checkpoint")
         assert ctl(name, "kill", "s0").returncode == 0
         stdout, stderr = job.communicate(timeout=60)
         assert job.returncode == 0, stderr
@@ -245,13 +249,13 @@ def test_running_checkpoint_starts_from_the_values_an_app_writes_first(tmp_path)
 
 
 def quiet_phase_with_rounds(procs: Processes, name: str, tmp_path):
-    """The phases app with priority rounds back to back (every 1 ms), once they save values of its second quiet
-    phase (11): whatever the test does next most likely lands while a round is under way."""
+    """The phases app with priority rounds back to back (every 1 ms), once they saved every key's value of its
+    second quiet phase (11): whatever the test does next most likely lands while a round is under way, and a
+    lost key comes back at 11."""
     job = procs.start(scar_job("phases", name, tmp_path, "--checkpoint-every", "0.01",
                                "--priority-checkpoint", "0.1", "--config", "idle2=60"))
     wait_for(lambda: phase(name) == "idle3", 30, "the second quiet phase")
-    wait_for(lambda: any((a == 11).any() for a in running_values(tmp_path).values()), 30,
-             "rounds saving values of the quiet phase")
+    wait_for(lambda: all_saved_at(tmp_path, 11.0), 30, "every key at 11 in the running checkpoint")
     return job
 
 
