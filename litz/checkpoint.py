@@ -59,6 +59,16 @@ def write_part(root: str, rel: str, obj: Any, sync: bool = True) -> dict:
     return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
+def pause_for_test(ident: str, tmp: str) -> None:
+    """``LITZ_TEST_CHECKPOINT_PAUSE=s0:2`` (tests only): process s0 stops itself (SIGSTOP) right after it wrote
+    its first part of checkpoint 2 (in ``tmp``), so that a test can kill it in the middle of writing one."""
+    who, _, seq = os.environ.get("LITZ_TEST_CHECKPOINT_PAUSE", "").partition(":")
+    if who == ident and os.path.basename(tmp) == f".ckpt-{int(seq):06d}.tmp":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
 def sync_filesystem(path: str) -> None:
     """Make everything written under ``path`` durable with one syncfs(2) (Linux), else a global sync."""
     fd = os.open(path, os.O_RDONLY)

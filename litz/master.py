@@ -1457,6 +1457,7 @@ class Master(Process):
             "tasks_per_s": round(self.rate(), 1), "elapsed_s": round(self.joblog.elapsed(), 3),
             "executors": self.num_executors, "shards": len(self.shard_owner), "epoch": self.epoch,
             "checkpoints": len([e for e in self.joblog.events if e["kind"] == "checkpoint"]),
+            "checkpoints_failed": len([e for e in self.joblog.events if e["kind"] == "checkpoint_failed"]),
             # a checkpoint under way holds new dispatches: why a job's rate drops to zero for a moment
             "checkpointing": None if not self.recovery.paused else {
                 "held_s": round(clock.time() - self.recovery.pause_t0, 3), "held_tasks": len(self.paused_tasks)},
@@ -1482,7 +1483,10 @@ class Master(Process):
                          "address": m.info.get("address"),
                          "shards": shards.get(m.ident, []), "memory": m.stats.get("rss"),
                          "budget": m.stats.get("budget"), "state_bytes": m.stats.get("state_bytes"),
-                         "evicted": m.stats.get("evicted", [])}
+                         "evicted": m.stats.get("evicted", []),
+                         # requests it forwarded for moved shards, and how long ago one last went to or came
+                         # from another server (partial recovery waits FORWARD_SETTLE_S after that)
+                         "forwarded": m.stats.get("forwarded", 0), "forwarded_ago_s": m.stats.get("forwarded_ago_s")}
                         for m in self.servers.values()],
         }
 

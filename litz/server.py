@@ -22,7 +22,7 @@ import numpy as np
 from . import clock, process
 from . import protocol as P
 from .cache import add_into
-from .checkpoint import read_part, shard_part, sync_filesystem, write_part
+from .checkpoint import pause_for_test, read_part, shard_part, sync_filesystem, write_part
 from .errors import LitzError
 from .guard import BadMessage
 from .outofcore import ShardTables
@@ -50,6 +50,7 @@ class Server(Process):
         self.forward: dict[int, str] = {}  # shard -> the server it was sent to
         self.last_forward: dict[str, float] = {}  # server -> when a request was last forwarded to it, or from it
         self.forwarded_to: set[str] = set()  # every server a request went to from here: fenced when this one exits
+        self.forwarded = 0  # requests forwarded from here (for moved shards), in the status
         self.exported: set = set()  # (shard, key) of arrays handed to ZeroMQ since their last update
         self.running = True
         self.retire_waiting: set[str] | None = None  # workers and servers whose fence we need before exiting
@@ -85,8 +86,11 @@ class Server(Process):
                 break
 
     def stats(self) -> dict:
+        last = max(self.last_forward.values(), default=None)
         return {"rss": process.resident_bytes(), "state_bytes": self.shards.resident_bytes(),
-                "budget": self.shards.budget, "evicted": sorted(self.shards.residency.spilled)}
+                "budget": self.shards.budget, "evicted": sorted(self.shards.residency.spilled),
+                "forwarded": self.forwarded,
+                "forwarded_ago_s": None if last is None else round(clock.monotonic() - last, 3)}
 
     def handle(self, sender: str, msg: tuple) -> None:
         tag = msg[0]
@@ -206,6 +210,7 @@ class Server(Process):
         """A request was just forwarded to ``dest``: partial recovery and retirement look back at this."""
         self.last_forward[dest] = clock.monotonic()
         self.forwarded_to.add(dest)
+        self.forwarded += 1
 
     def redirect_forwards(self, gone: set[str], owners: list[str]) -> None:
         """What would be forwarded to a server that is gone (or going) goes to its shard's owner instead."""
@@ -243,6 +248,8 @@ class Server(Process):
             for shard, table in self.shards.items():
                 rel = shard_part(shard)
                 parts[rel] = write_part(root, rel, table, sync=False)
+                if len(parts) == 1:
+                    pause_for_test(self.ident, root)
             sync_filesystem(root)
         except Exception as exc:
             self.send("master", (P.CHECKPOINT_FAILED, f"server {self.ident}: {exc}"))

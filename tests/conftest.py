@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import psutil
 import pytest
@@ -77,7 +78,29 @@ class EtcdServer:
         import subprocess
 
         assert shutil.which("etcd"), "etcd is not installed (apt-get install etcd-server; .ci/run does this)"
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(self.data_dir + ".log", "ab") as log:  # what it says if a port is taken
+            self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=log)
+
+    def wait_listening(self, timeout: float = 20) -> bool:
+        """Wait until this etcd listens on its client and peer ports; False if it exited first because one of
+        them was taken (another process bound it after ``free_port`` found it free)."""
+        deadline = time.time() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                with open(self.data_dir + ".log", "rb") as log:
+                    if b"address already in use" in log.read():
+                        return False
+                raise AssertionError(f"etcd exited with {self.proc.returncode}; see {self.data_dir}.log")
+            try:
+                ports = {c.laddr.port for c in psutil.Process(self.proc.pid).net_connections("tcp")
+                         if c.status == psutil.CONN_LISTEN}
+            except psutil.Error:
+                ports = set()
+            if {self.client, self.peer} <= ports:
+                return True
+            if time.time() > deadline:
+                raise AssertionError(f"etcd did not listen on ports {self.client} and {self.peer} in {timeout} s")
+            time.sleep(0.05)
 
     def wait_ready(self, timeout: float = 20) -> None:
         from litz.membership.etcdkv import EtcdKV
@@ -108,13 +131,36 @@ class EtcdServer:
         self.start()
 
 
+def start_etcd(make: Callable[[int], list[EtcdServer]], attempts: int = 5) -> list[EtcdServer]:
+    """Start the etcd members ``make(attempt)`` builds on ports from ``free_port`` (in data directories of that
+    attempt) and wait until each listens on its ports. If one exits because a port was taken meanwhile, all are
+    killed and it starts over with the members the next ``make`` builds, on other ports."""
+    for attempt in range(attempts):
+        members = make(attempt)
+        try:
+            for m in members:
+                m.start()
+            if all([m.wait_listening() for m in members]):
+                return members
+        except BaseException:
+            for m in members:
+                m.kill()
+            raise
+        for m in members:
+            m.kill()
+    raise AssertionError(f"etcd found one of its ports taken {attempts} times in a row")
+
+
 @pytest.fixture
 def etcd(tmp_path):
     """A real etcd server on free loopback ports (``.endpoint`` is 'HOST:PORT'), killed after the test."""
-    peer = free_port()
-    server = EtcdServer("test", str(tmp_path / "etcd"), free_port(), peer, f"test=http://127.0.0.1:{peer}")
+    def make(attempt: int) -> list[EtcdServer]:
+        peer = free_port()
+        return [EtcdServer("test", str(tmp_path / f"etcd-{attempt}"), free_port(), peer,
+                           f"test=http://127.0.0.1:{peer}")]
+
+    [server] = start_etcd(make)
     try:
-        server.start()
         server.wait_ready()
         yield server
     finally:
@@ -124,13 +170,14 @@ def etcd(tmp_path):
 @pytest.fixture
 def etcd_cluster(tmp_path):
     """Three etcd members forming one cluster on loopback ports, all killed after the test."""
-    ports = [(free_port(), free_port()) for _ in range(3)]
-    cluster = ",".join(f"e{i}=http://127.0.0.1:{peer}" for i, (_, peer) in enumerate(ports))
-    members = [EtcdServer(f"e{i}", str(tmp_path / f"etcd{i}"), client, peer, cluster)
-               for i, (client, peer) in enumerate(ports)]
+    def make(attempt: int) -> list[EtcdServer]:
+        ports = [(free_port(), free_port()) for _ in range(3)]
+        cluster = ",".join(f"e{i}=http://127.0.0.1:{peer}" for i, (_, peer) in enumerate(ports))
+        return [EtcdServer(f"e{i}", str(tmp_path / f"etcd{i}-{attempt}"), client, peer, cluster)
+                for i, (client, peer) in enumerate(ports)]
+
+    members = start_etcd(make)
     try:
-        for m in members:
-            m.start()
         for m in members:
             m.wait_ready(30)
         yield members

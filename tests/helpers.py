@@ -114,13 +114,35 @@ def run_in_fresh_process(body, timeout: float = 100) -> None:
     assert done.returncode == 0, f"{body.__name__} failed in a fresh interpreter:\n{done.stderr[-4000:]}"
 
 
+PORTS_FROM = 10000  # free_port() picks between this and the start of the kernel's ephemeral range
+
+
 def free_port() -> int:
-    """A TCP port on the loopback that nothing listens on right now."""
+    """A TCP port on the loopback that nothing is bound to right now, for a process the test starts to listen on.
+
+    It comes from below the kernel's ephemeral range (``net.ipv4.ip_local_port_range``), at random: the kernel
+    hands those ports to no other socket (bind to port 0, connect), so between this check and the process's own
+    bind only another test picking the same port can take it. A port of the ephemeral range, as bind(0) gives,
+    could meanwhile be any process's outgoing connection. Where the process can report the port it bound,
+    prefer port 0; else retry on EADDRINUSE (conftest.start_etcd, test_connections.start_peer)."""
+    import random
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768  # Linux's default
+    rng = random.SystemRandom()  # not the random module's state, which pytest-randomly seeds alike in every run
+    for _ in range(200):
+        port = rng.randrange(PORTS_FROM, max(ephemeral, PORTS_FROM + 1000))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free TCP port between {PORTS_FROM} and {ephemeral}")
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
@@ -162,6 +184,7 @@ def bare_server(ident: str, record):
     server.ident, server.shards, server.forward, server.last_forward = ident, ShardTables(ident), {}, {}
     server.exported, server.running_ckpt, server.running = set(), RunningCheckpoint(), True
     server.forwarded_to, server.retire_waiting, server.retire_since, server.fences = set(), None, -1, {}
+    server.forwarded = 0
     server._held, server.leaving = {}, False
     server.send = lambda to, msg, pickler=None: record(to, msg)
     return server

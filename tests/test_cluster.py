@@ -170,8 +170,17 @@ def test_a_server_restarted_under_its_id_at_a_new_address_gets_its_shards(etcd, 
 
         victim = procs.start(role("server", e, name, "--id", "sx"))
         old_address = wait_for(sx_with_shards, 60, "sx joined, with shards")["address"]
-        if partial:  # what the first server forwarded to sx while its shards moved was answered long ago
-            time.sleep(FORWARD_SETTLE_S + 1)
+        if partial:  # partial recovery is exact only once the first server exchanged no forwarded request with sx
+            # for FORWARD_SETTLE_S: its status says how long ago it last did, as of its last report (about once a
+            # second, published every second: the true age is larger), or never (None) in a report made after the move
+            moved = time.monotonic()
+
+            def settled():
+                st = status(name, e)
+                ago = st and next(s for s in st["servers"] if s["id"] != "sx")["forwarded_ago_s"]
+                return ago > FORWARD_SETTLE_S if ago is not None else st and time.monotonic() > moved + 4
+
+            wait_for(settled, FORWARD_SETTLE_S + 30, "forwarding between the servers to settle")
         wait_for(lambda: (s := status(name, e)) and s["checkpoints"] >= 2, 60, "a checkpoint with sx")
         os.kill(victim.pid, signal.SIGKILL)
         wait_for(lambda: (s := status(name, e)) and s["state"] == "running" and

@@ -14,9 +14,16 @@ from litz.transport import ZmqEndpoint
 from tests.helpers import ROOT, free_port
 
 PEER = textwrap.dedent("""
-    import sys, time
+    import errno, sys, time
+    import zmq
     from litz.transport import ZmqEndpoint
-    ep = ZmqEndpoint("peer", "job-secret", port=int(sys.argv[1]))
+    try:
+        ep = ZmqEndpoint("peer", "job-secret", port=int(sys.argv[1]))
+    except zmq.ZMQError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        print("taken", flush=True)  # another process bound the port after free_port() found it free
+        sys.exit(3)
     ep.connect("master", sys.argv[2])
     print("up", flush=True)
     while True:
@@ -30,11 +37,26 @@ PEER = textwrap.dedent("""
 """)
 
 
-def start_peer(port: int, master: ZmqEndpoint) -> subprocess.Popen:
+def start_peer(port: int, master: ZmqEndpoint) -> subprocess.Popen | None:
+    """The peer process listening on ``port``, or None if that port was taken."""
     proc = subprocess.Popen([sys.executable, "-c", PEER, str(port), master.address], cwd=ROOT,
                             stdout=subprocess.PIPE, text=True, start_new_session=True)
-    assert proc.stdout.readline().strip() == "up"
+    said = proc.stdout.readline().strip()
+    if said == "taken":
+        proc.wait()
+        return None
+    assert said == "up"
     return proc
+
+
+def first_peer(master: ZmqEndpoint) -> tuple[int, subprocess.Popen]:
+    """A peer on a port from free_port(), another one if a process took that port meanwhile."""
+    for _ in range(5):
+        port = free_port()
+        proc = start_peer(port, master)
+        if proc is not None:
+            return port, proc
+    raise AssertionError("five free ports in a row were taken before the peer bound them")
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -60,9 +82,9 @@ def echo(ep: ZmqEndpoint, timeout: float = 10.0, msg: tuple = ("ping",)) -> None
 def test_a_killed_peer_is_unreachable_and_a_busy_or_restarted_one_is_not(monkeypatch):
     monkeypatch.setattr(transport, "HEARTBEAT_IVL_MS", 100)  # short, so that a busy peer would trip them
     monkeypatch.setattr(transport, "HEARTBEAT_TIMEOUT_MS", 1000)
-    port = free_port()
     ep = ZmqEndpoint("master", "job-secret")
-    peers = [start_peer(port, ep)]
+    port, peer = first_peer(ep)
+    peers = [peer]
     try:
         ep.connect("peer", f"tcp://127.0.0.1:{port}", watch=True)
         echo(ep)
@@ -71,6 +93,8 @@ def test_a_killed_peer_is_unreachable_and_a_busy_or_restarted_one_is_not(monkeyp
         stop(peers[0])
         t_kill = time.monotonic()
         peers.append(start_peer(port, ep))  # back on the same address (a restart, or a connection reset)
+        # below the ephemeral range, nothing but another test picking the same port can take it in between
+        assert peers[-1] is not None, f"port {port} was taken while the peer restarted"
         deadline = t_kill + 2 * grace
         while time.monotonic() < deadline:
             assert ep.unreachable(grace) == [], "a peer that came back was reported unreachable"
@@ -87,7 +111,8 @@ def test_a_killed_peer_is_unreachable_and_a_busy_or_restarted_one_is_not(monkeyp
         assert ep.unreachable(grace) == []  # reported once
     finally:
         for proc in peers:
-            stop(proc)
+            if proc is not None:
+                stop(proc)
         ep.close()
 
 
@@ -97,9 +122,8 @@ def test_a_peer_that_stops_answering_is_unreachable(monkeypatch):
     reset: only the heartbeats tell. Short heartbeats here; the job's are 1 s and 5 s."""
     monkeypatch.setattr(transport, "HEARTBEAT_IVL_MS", 100)
     monkeypatch.setattr(transport, "HEARTBEAT_TIMEOUT_MS", 1000)
-    port = free_port()
     ep = ZmqEndpoint("master", "job-secret")
-    peer = start_peer(port, ep)
+    port, peer = first_peer(ep)
     try:
         ep.connect("peer", f"tcp://127.0.0.1:{port}", watch=True)
         echo(ep)

@@ -22,7 +22,7 @@ import yaml
 
 from litz.cli import litz as litz_cli
 from litz.cli import litzctl as litzctl_cli
-from tests.conftest import EtcdServer
+from tests.conftest import EtcdServer, start_etcd
 from tests.helpers import free_port, run_cli
 
 DEPLOY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "deploy")
@@ -417,15 +417,20 @@ def test_etcd_with_these_certificates_accepts_litz_with_the_client_certificate_o
         pytest.skip("etcd is not installed (apt-get install etcd-server)")
     certs = tmp_path / "certs"
     assert make_certs(certs).returncode == 0
-    client, peer = free_port(), free_port()
-    server = EtcdServer("tls", str(tmp_path / "etcd"), client, peer, f"tls=http://127.0.0.1:{peer}")
-    server.argv = [a.replace(f"http://127.0.0.1:{client}", f"https://127.0.0.1:{client}") for a in server.argv]
-    server.argv += ["--cert-file", str(certs / "server.crt"), "--key-file", str(certs / "server.key"),
-                    "--client-cert-auth", "--trusted-ca-file", str(certs / "ca.crt")]
+
+    def make(attempt: int) -> list[EtcdServer]:
+        client, peer = free_port(), free_port()
+        server = EtcdServer("tls", str(tmp_path / f"etcd-{attempt}"), client, peer, f"tls=http://127.0.0.1:{peer}")
+        server.argv = [a.replace(f"http://127.0.0.1:{client}", f"https://127.0.0.1:{client}") for a in server.argv]
+        server.argv += ["--cert-file", str(certs / "server.crt"), "--key-file", str(certs / "server.key"),
+                        "--client-cert-auth", "--trusted-ca-file", str(certs / "ca.crt")]
+        return [server]
+
     tls = ["--etcd-cacert", str(certs / "ca.crt"), "--etcd-cert", str(certs / "client.crt"),
            "--etcd-key", str(certs / "client.key")]
+    [server] = start_etcd(make)
+    client = server.client
     try:
-        server.start()
         # litzctl waits for etcd (--etcd-timeout), as the scripts and the init containers rely on
         res = run_cli(["litzctl", "--etcd", f"localhost:{client}", *tls, "--etcd-timeout", "30", "list"], timeout=60)
         assert res.returncode == 0 and "no running jobs" in res.stdout, res.stderr

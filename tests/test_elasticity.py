@@ -92,6 +92,39 @@ def test_scale_out_then_in_during_a_job(tmp_path, monkeypatch, transport):
     assert out_ev["bytes"] >= 8000  # scale-out sends input data (1000 float64 per executor) from memory
 
 
+@pytest.mark.timeout(120)
+def test_a_shard_move_forwards_requests_and_never_pauses_the_workers(tmp_path):
+    """A second server takes half the shards while tasks run. Requests that still reach the old owner under the
+    old map are forwarded (its status counts them) and every one is answered (the result is exact); and no
+    worker stops for the move: on every worker some task was running while the shards moved. A move that
+    waited for no task to be in flight (as a checkpoint does) would have neither."""
+    name, out, m = "elastic-forward", tmp_path / "out.json", tmp_path / "m.jsonl"
+    with Processes() as procs:
+        job = procs.start(["litz", "run", app_path("chains"), "--name", name, "--executors", "8",
+                           "--placement", "even",  # no executor moves: every worker keeps its tasks
+                           "--config", f"chains={CHAINS}", f"steps={LONG}", "sleep=0.004", "log_runs=1",
+                           "--metrics", str(m), "--output", str(out), "--no-progress"])
+        wait_for(lambda: (s := status(name)) and s["tasks_completed"] > 0, 30, "the job running")
+        assert ctl(name, "scale", "--servers", "2").returncode == 0
+        wait_for(lambda: (s := status(name)) and sorted(len(x["shards"]) for x in s["servers"]) == [32, 32]
+                 and not s["moving"]["shards"], 30, "32 of the 64 shards moved to the new server")
+        # servers send their counters about once a second
+        st = wait_for(lambda: (s := status(name)) and next(x for x in s["servers"] if x["id"] == "s0")["forwarded"]
+                      and s, 10, "s0 to count requests it forwarded")
+        assert next(x for x in st["servers"] if x["id"] == "s1")["forwarded"] == 0  # s1 forwards nothing back
+        stdout, stderr = job.communicate(timeout=90)
+        assert job.returncode == 0, stderr
+    result = json.loads(stdout)
+    check_result(result, steps=LONG)
+    moves = [e for e in json.loads(out.read_text())["events"] if e["kind"] == "scale_out"]
+    assert len(moves) == 1 and moves[0]["shards_moved"] == 32 and moves[0]["executors_moved"] == 0, moves
+    row = next(json.loads(line) for line in m.read_text().splitlines() if '"log_runs"' in line)
+    start = row["time"] - row["t"]  # the job log's start: events' times are relative to it
+    began, ended = start + moves[0]["t"], start + moves[0]["end"]
+    assert len(result["runs"]) == 2  # the two workers' pids
+    for pid, spans in result["runs"].items():
+        assert any(s < ended and e > began for s, e in spans), f"worker {pid} ran no task while the shards moved"
+
 @pytest.mark.timeout(90)
 def test_refusals_and_unknowns(tmp_path):
     name = "elastic-refusals"

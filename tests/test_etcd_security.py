@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.conftest import EtcdServer
+from tests.conftest import EtcdServer, start_etcd
 from tests.helpers import Processes, app_path, free_port, run_cli, wait_for
 from tests.test_elasticity import CHAINS, check_result
 
@@ -66,13 +66,18 @@ def enable_auth(endpoint: str, tls: dict, password: str) -> None:
 @pytest.fixture
 def secure_etcd(tmp_path):
     tls = make_certificates(tmp_path)
-    client, peer = free_port(), free_port()
-    server = EtcdServer("secure", str(tmp_path / "etcd"), client, peer, f"secure=http://127.0.0.1:{peer}")
-    server.argv = [a.replace(f"http://127.0.0.1:{client}", f"https://127.0.0.1:{client}") for a in server.argv]
-    server.argv += ["--cert-file", tls["server_cert"], "--key-file", tls["server_key"], "--client-cert-auth",
-                    "--trusted-ca-file", tls["ca"], "--auth-token-ttl", "1"]  # tokens expire during the job
+
+    def make(attempt: int) -> list[EtcdServer]:
+        client, peer = free_port(), free_port()
+        server = EtcdServer("secure", str(tmp_path / f"etcd-{attempt}"), client, peer,
+                            f"secure=http://127.0.0.1:{peer}")
+        server.argv = [a.replace(f"http://127.0.0.1:{client}", f"https://127.0.0.1:{client}") for a in server.argv]
+        server.argv += ["--cert-file", tls["server_cert"], "--key-file", tls["server_key"], "--client-cert-auth",
+                        "--trusted-ca-file", tls["ca"], "--auth-token-ttl", "1"]  # tokens expire during the job
+        return [server]
+
+    [server] = start_etcd(make)
     try:
-        server.start()
         wait_for(lambda: subprocess.run(["openssl", "s_client", "-connect", server.endpoint, "-CAfile", tls["ca"],
                                          "-cert", tls["cert"], "-key", tls["key"]], input=b"", capture_output=True,
                                         timeout=10).returncode == 0, 20, "etcd serving TLS")

@@ -191,17 +191,16 @@ def test_a_killed_launcher_takes_its_workers_and_servers_with_it_at_once(spawn):
 
 
 @pytest.mark.timeout(60)
-def test_ctrl_c_while_executors_load_does_not_wait_for_them():
+def test_ctrl_c_while_executors_load_does_not_wait_for_them(tmp_path):
     """Children deep in load_input do not read the master's stop; an interrupted job's launcher ends them at
     once (a short grace, SIGTERM, SIGKILL) instead of the finished job's grace of seconds (7 s here before)."""
-    import time
-
     import psutil
 
     with Processes() as procs:
-        job = procs.start(["litz", "run", app_path("slowload"), "--name", "ctrl-c-loading", "--no-progress"])
+        job = procs.start(["litz", "run", app_path("slowload"), "--name", "ctrl-c-loading", "--no-progress",
+                           "--config", f"marker_dir={tmp_path}"])
         wait_for(lambda: len(psutil.Process(job.pid).children(recursive=True)) == 4, 30, "the job's processes")
-        time.sleep(1.0)  # the workers are in load_input now
+        wait_for(lambda: len(list(tmp_path.glob("loading-*"))) == 2, 30, "both workers in load_input")
         everyone = psutil.Process(job.pid).children(recursive=True)
         os.killpg(job.pid, signal.SIGINT)
         _, stderr = job.communicate(timeout=30)

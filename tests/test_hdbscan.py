@@ -4,8 +4,9 @@
 server (additive updates, as the real one), so tests can look at the executors' kNN lists. The ``litz_run``
 tests run the real thing through ``litz.run`` with worker and server processes.
 
-The first test compiles the numba kernels into their on-disk cache (about 30 s on a cold checkout, more on a
-busy machine), so it has a longer timeout; every later test, and every worker process, loads them from it.
+Before the first test, whichever it is, ``litz warmup`` compiles the numba kernels into their on-disk cache
+(about 30 s on a cold checkout, more on a busy machine); every test, and every worker process, loads them from
+it. The tests' timeouts count only their own bodies (``func_only``), not that compile.
 """
 from __future__ import annotations
 
@@ -98,9 +99,26 @@ def blobs(n_per: int, centres: np.ndarray, std: float, seed: int = 0) -> tuple[n
 
 
 # ------------------------------------------------------------------------------------------ kernels
-@pytest.mark.timeout(600)
-def test_compile_kernels_and_run_in_process() -> None:
-    """Compiles every kernel (Kruskal and Borůvka paths, both partitionings) into numba's on-disk cache."""
+pytestmark = pytest.mark.timeout(120, func_only=True)  # for the tests without a timeout of their own
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels_in_cache() -> None:
+    """The kernels in numba's on-disk cache before any test runs, so no test depends on another having compiled
+    them (they ran in file order before, and the first one compiled them). In a process of its own, under its
+    own timeout; at once when the cache is warm."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-m", "litz.cli.litz", "warmup", "apps.hdbscan"], cwd=root,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.timeout(60, func_only=True)
+def test_both_mst_paths_run_in_process() -> None:
+    """Kruskal and Borůvka paths, both partitionings, in this process (its kernels loaded from the cache)."""
     for extra in ({"mst": "kruskal"}, {"mst": "boruvka", "partition": "block", "dmax_filter": 0}):
         config = {"synthetic": 1, "n": 2000, "d": 4, "clusters": 10, "noise": 0.1, "check_recall": 1, **extra}
         result = InProcess(config, 3).run()
@@ -108,7 +126,7 @@ def test_compile_kernels_and_run_in_process() -> None:
         assert result["mst"] == extra["mst"]
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(60, func_only=True)
 def test_extract_matches_hdbscan_on_its_own_tree() -> None:
     """Given the reference's exact MST, our condensed tree, EOM and labels are the reference's labels."""
     hdbscan = pytest.importorskip("hdbscan")
@@ -127,7 +145,7 @@ def test_extract_matches_hdbscan_on_its_own_tree() -> None:
 
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(120, func_only=True)
 @pytest.mark.parametrize("rho", [1.0, 0.6])
 def test_candidates_built_only_for_joining_rows_equal_building_every_row(rho: float) -> None:
     """build_candidates builds only rows with a new candidate, and merge_reverse builds the rows a remote new
@@ -183,7 +201,7 @@ def test_candidates_built_only_for_joining_rows_equal_building_every_row(rho: fl
     assert np.array_equal(lz_flag, ref_flag) and not np.array_equal(lz_flag, flag)
     assert np.array_equal(lz_rev, ref_rev)
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(60, func_only=True)
 def test_mailbox_slots_are_exact_when_reused() -> None:
     """Messages overwrite reusable slots through additive updates and arrive bit for bit (float bits too)."""
     rng = np.random.default_rng(0)
@@ -199,7 +217,7 @@ def test_mailbox_slots_are_exact_when_reused() -> None:
     assert max(j for (_, _, _, j) in server) == mailbox.slots_for(20000) - 1  # slots reused, not accumulated
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(60, func_only=True)
 @pytest.mark.parametrize("metric", ["euclidean", "cosine", "dot"])
 def test_knn_recall_against_exact(metric: str) -> None:
     X, _ = data.synthetic(3000, 8, 20, 0.2, seed=2)
@@ -222,7 +240,7 @@ def test_knn_recall_against_exact(metric: str) -> None:
     assert np.all(approx >= exact - tol)  # never closer than the true neighbours
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(60, func_only=True)
 @pytest.mark.parametrize("mst", ["kruskal", "boruvka"])
 def test_mst_weight_equals_scipy_on_the_same_knn_graph(mst: str) -> None:
     from scipy.sparse import coo_matrix
@@ -250,7 +268,7 @@ def test_mst_weight_equals_scipy_on_the_same_knn_graph(mst: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------ real runtime
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(60, func_only=True)
 def test_litz_run_finds_every_well_separated_blob(tmp_path) -> None:
     centres = np.array([[i * 40.0, (i % 3) * 40.0, -i * 20.0] for i in range(12)])
     X, y = blobs(250, centres, 1.0)
@@ -269,7 +287,7 @@ def test_litz_run_finds_every_well_separated_blob(tmp_path) -> None:
     assert result["executors"] == 4 * LOCAL["workers"]  # the runtime's default: room to move on scale-out
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(60, func_only=True)
 def test_litz_run_matches_hdbscan_library_on_table_4_2_style_data(tmp_path) -> None:
     hdbscan = pytest.importorskip("hdbscan")
     from sklearn.metrics import fowlkes_mallows_score
@@ -287,7 +305,7 @@ def test_litz_run_matches_hdbscan_library_on_table_4_2_style_data(tmp_path) -> N
 BASE = {"synthetic": 1, "n": 6000, "d": 8, "clusters": 30, "noise": 0.1, "check_recall": 1}
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(60, func_only=True)
 def test_litz_run_boruvka_equals_kruskal() -> None:
     base = BASE
     k = litz.run("apps.hdbscan", **LOCAL, executors=3, config={**base, "mst": "kruskal"})
@@ -297,14 +315,14 @@ def test_litz_run_boruvka_equals_kruskal() -> None:
     assert b["mst_weight"] == pytest.approx(k["mst_weight"], rel=1e-6) and b["clusters"] == k["clusters"]
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(60, func_only=True)
 @pytest.mark.parametrize("metric", ["cosine", "dot"])
 def test_litz_run_other_metrics(metric: str) -> None:
     r = litz.run("apps.hdbscan", **LOCAL, config={**BASE, "metric": metric})
     assert r["knn_recall"] >= 0.95 and r["clusters"] >= 1 and r["metric"] == metric, r
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(60, func_only=True)
 @pytest.mark.parametrize("mst", ["kruskal", "boruvka"])
 def test_litz_run_disconnected_knn_graph_gives_a_forest(tmp_path, mst: str) -> None:
     centres = np.array([[0.0, 0.0], [1e4, 0.0], [0.0, 1e4], [1e4, 1e4]])
@@ -325,7 +343,7 @@ def test_litz_run_disconnected_knn_graph_gives_a_forest(tmp_path, mst: str) -> N
         assert len(set(labels[y == c]) - {-1}) == 1
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(60, func_only=True)
 def test_litz_run_duplicate_points(tmp_path) -> None:
     rng = np.random.default_rng(5)
     base = np.concatenate([rng.normal(0, 0.5, (30, 3)), rng.normal(20, 0.5, (30, 3))]).astype(np.float32)
@@ -348,7 +366,7 @@ def fails(config: dict, match: str) -> None:
         litz.run("apps.hdbscan", workers=1, servers=1, executors=2, config=config)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(60, func_only=True)
 def test_bad_input_files_are_one_line_errors(tmp_path) -> None:
     good = np.random.default_rng(0).normal(size=(100, 3)).astype(np.float32)
     fails({"input": str(tmp_path / "missing.npy")}, r"missing\.npy: no such file")
@@ -370,7 +388,7 @@ def test_bad_input_files_are_one_line_errors(tmp_path) -> None:
     fails({"input": str(tmp_path / "small.npy")}, "k=15 neighbours needs more than k points, the data has 12")
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(60, func_only=True)
 def test_bad_config_values_are_one_line_errors(tmp_path) -> None:
     fails({"synthetic": 1, "k": 4}, r"'min_samples' \(5\) must be at most 'k' \(4\)")
     fails({"synthetic": 1, "metric": "manhattan"}, "'metric' must be one of euclidean, cosine, dot")
@@ -378,7 +396,7 @@ def test_bad_config_values_are_one_line_errors(tmp_path) -> None:
     fails({"synthetic": 1, "min_cluster_size": 1}, "'min_cluster_size' must be an integer >= 2")
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(60, func_only=True)
 def test_bad_input_on_the_command_line_is_one_line(tmp_path) -> None:
     from tests.helpers import run_cli
 
@@ -411,7 +429,7 @@ def test_per_process_caches_never_serve_another_arrays_points() -> None:
         cache.clear()
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(120, func_only=True)
 def test_numba_ready_skips_scipy_linalg_and_leaves_blas_working() -> None:
     """``knn.numba_ready`` loads numba's registries with stand-ins for ``scipy.linalg``: numba code that does
     use BLAS (``np.dot`` of matrices) must still compile afterwards against the real module. In a fresh
@@ -435,7 +453,7 @@ print("ok")
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(300, func_only=True)
 def test_preloaded_kernel_signatures_are_the_ones_the_executors_use() -> None:
     """Compiling the app's ``KERNELS`` (litz warmup) loads every kernel for the argument types listed in
     ``SIGNATURES`` (importing the app then loads them from the cache, and forked

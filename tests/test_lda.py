@@ -37,7 +37,7 @@ def trained(tmp_path_factory):
     return result, out
 
 
-@pytest.mark.timeout(120)  # the first of these also trains the shared 40-epoch model
+@pytest.mark.timeout(180)  # the first of these also trains the shared 40-epoch model
 def test_learned_topics_match_the_true_ones(trained) -> None:
     result, out = trained
     s = Settings.from_config(CORPUS)
@@ -55,7 +55,7 @@ def test_learned_topics_match_the_true_ones(trained) -> None:
         assert list(learned[k][words]) == sorted(learned[k][words], reverse=True)
 
 
-@pytest.mark.timeout(120)  # the first of these also trains the shared 40-epoch model
+@pytest.mark.timeout(180)  # the first of these also trains the shared 40-epoch model
 def test_log_likelihood_improves(trained) -> None:
     result, _ = trained
     ll = [h["log_likelihood"] for h in result["history"]]
@@ -69,7 +69,7 @@ def test_log_likelihood_improves(trained) -> None:
     assert result["schedule"]["violations"] == [] and result["schedule"]["overlaps"] == 0
 
 
-@pytest.mark.timeout(120)  # the first of these also trains the shared 40-epoch model
+@pytest.mark.timeout(180)  # the first of these also trains the shared 40-epoch model
 def test_output_files(trained) -> None:
     result, out = trained
     s = Settings.from_config(CORPUS)
@@ -97,7 +97,7 @@ def check_invariant(result: dict, epochs: int, executors: int) -> None:
     assert sched["holds"] == sched["expected_holds"] == executors * epochs * result["blocks"]
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("executors, blocks", [(6, None), (3, 5), (6, 4)])
 def test_counts_invariant_and_block_schedule(executors, blocks) -> None:
     config = {**SMALL, "epochs": 3, "check_counts": 1, **({"blocks": blocks} if blocks else {})}
@@ -106,7 +106,7 @@ def test_counts_invariant_and_block_schedule(executors, blocks) -> None:
     check_invariant(result, 3, executors)
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(120)
 def test_uci_corpus_file(tmp_path) -> None:
     s = Settings.from_config(SMALL)
     doc, word = data.synthetic_corpus(s)
@@ -160,7 +160,7 @@ def in_process(config: dict, num_executors: int, seed: int) -> inprocess.InProce
     return inprocess.InProcess(lda.LDADriver, lda.LDAExecutor, config, num_executors, seed=seed)
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("executors, blocks", [(5, None), (3, 7), (7, 3), (4, 1)])
 def test_schedule_in_process_with_random_completion_order(executors, blocks) -> None:
     config = {**SMALL, "docs": 300, "epochs": 3, "check_counts": 1, **({"blocks": blocks} if blocks else {})}
@@ -194,7 +194,7 @@ def test_totals_are_those_of_the_tasks_before_in_the_schedule(monkeypatch, execu
     assert seen and all(n == seen[0] for n in seen)  # totals always count every token once
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(60)
 def test_schedule_checks_catch_a_broken_schedule(monkeypatch) -> None:
     """A driver that ignores block ownership (every executor runs its rounds as fast as it can) is caught."""
     import apps.lda as lda
@@ -263,7 +263,7 @@ def check_reports(path) -> None:
     assert all(m["schedule_violations"] == 0 for m in metrics(path) if "schedule_violations" in m)
 
 
-@pytest.mark.timeout(180)  # more than the waits and litzctl calls inside add up to
+@pytest.mark.timeout(240)  # more than the waits and litzctl calls inside add up to
 def test_scale_out_and_in_during_a_run_keeps_the_counts(tmp_path) -> None:
     name, m, out = "lda-elastic", tmp_path / "m.jsonl", tmp_path / "out.json"
     with Processes() as procs:
@@ -292,7 +292,7 @@ def test_scale_out_and_in_during_a_run_keeps_the_counts(tmp_path) -> None:
     assert epochs[-1]["log_likelihood"] > epochs[0]["log_likelihood"]
 
 
-@pytest.mark.timeout(180)  # more than the waits and litzctl calls inside add up to
+@pytest.mark.timeout(210)  # more than the waits and litzctl calls inside add up to
 def test_killed_worker_recovers_from_a_checkpoint_with_the_counts_intact(tmp_path) -> None:
     name, m, out, ckpt = "lda-recover", tmp_path / "m.jsonl", tmp_path / "out.json", tmp_path / "ckpt"
     with Processes() as procs:
@@ -323,7 +323,7 @@ def test_topic_recovery_metric() -> None:
     assert topic_recovery(np.ones((3, 3)), truth) == pytest.approx(1 / np.sqrt(3))
 
 
-@pytest.mark.timeout(180)  # more than the waits and litzctl calls inside add up to
+@pytest.mark.timeout(200)  # more than the waits and litzctl calls inside add up to
 def test_killed_server_with_partial_recovery_recounts_the_counts(tmp_path) -> None:
     """SCAR partial recovery puts the lost shard's counts back to a checkpoint while every z kept going: the
     driver recounts them from the executors' z, and the counts invariant holds again for every later epoch."""

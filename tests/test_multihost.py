@@ -3,6 +3,7 @@ bridge, real etcd, real TCP between hosts. A job starts on 2 hosts, a third join
 is cut off (its processes killed): the job recovers from its checkpoint and finishes exactly right."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,19 +21,69 @@ def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(list(args), capture_output=True, text=True, check=check)
 
 
+LOCK = "/run/lock/litz-test-multihost.lock"  # setup of one run's hosts at a time: stale ones, a free subnet
+OURS = re.compile(r"^lzb?(\d+)(?:[hv]\d+)?$")  # lzb<pid>, lz<pid>h<i>, lz<pid>v<i>: every name Hosts makes
+
+
+def remove_stale_hosts() -> None:
+    """Remove the bridges, veths and namespaces that runs whose test process is gone left behind (a run killed
+    before its cleanup), by their names: ours carry the pid of the process that made them."""
+    import psutil
+
+    def stale(name: str) -> bool:
+        m = OURS.match(name)
+        return bool(m) and not psutil.pid_exists(int(m.group(1)))
+
+    for line in sh("ip", "netns", "list").stdout.splitlines():
+        if line.split() and stale(line.split()[0]):
+            sh("ip", "netns", "del", line.split()[0], check=False)
+    for line in sh("ip", "-o", "link", "show").stdout.splitlines():
+        name = line.split(":")[1].strip().split("@")[0]
+        if stale(name):
+            sh("ip", "link", "del", name, check=False)
+
+
+def free_subnet() -> int:
+    """A third octet N for SUBNET that no interface address and no listening socket (an etcd of a crashed run
+    keeps its address bound after the bridge is gone) uses."""
+    import psutil
+
+    used = set(re.findall(r"inet 10\.233\.(\d+)\.", sh("ip", "-o", "-4", "addr", "show").stdout))
+    used |= {c.laddr.ip.split(".")[2] for c in psutil.net_connections("tcp")
+             if c.status == psutil.CONN_LISTEN and c.laddr.ip.startswith("10.233.")}
+    free = [n for n in range(20, 250) if str(n) not in used]
+    assert free, "every 10.233.N.0/24 is in use"
+    return free[0]
+
+
 class Hosts:
-    """A bridge in the root namespace and one namespace per host, each with a veth into the bridge."""
+    """A bridge in the root namespace and one namespace per host, each with a veth into the bridge. Names carry
+    this process's pid, so they never collide with another live run's, and setup first removes what a run that
+    died before its cleanup left (remove_stale_hosts); the subnet is one nothing else uses."""
 
     def __init__(self, count: int):
-        tag = os.getpid() % 10000
-        self.net = (os.getpid() // 7) % 200 + 20
+        tag = os.getpid()  # interface names stay within 15 characters: lz + 7 digits + v + 1
         self.bridge = f"lzb{tag}"
         self.names = [f"lz{tag}h{i}" for i in range(1, count + 1)]
         self.veths = [f"lz{tag}v{i}" for i in range(1, count + 1)]
-        self.gateway = SUBNET.format(self.net, 1)
-        self.addresses = [SUBNET.format(self.net, 10 + i) for i in range(1, count + 1)]
 
     def __enter__(self) -> "Hosts":
+        import fcntl
+
+        with open(LOCK, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another run's setup must not pick the same subnet meanwhile
+            remove_stale_hosts()
+            self.net = free_subnet()
+            self.gateway = SUBNET.format(self.net, 1)
+            self.addresses = [SUBNET.format(self.net, 10 + i) for i in range(1, len(self.names) + 1)]
+            try:
+                self._create()
+            except BaseException:
+                self.__exit__()
+                raise
+        return self
+
+    def _create(self) -> None:
         sh("ip", "link", "add", self.bridge, "type", "bridge")
         sh("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
         sh("ip", "link", "set", self.bridge, "up")
@@ -44,7 +95,6 @@ class Hosts:
             sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{addr}/24", "dev", "eth0")
             sh("ip", "netns", "exec", ns, "ip", "link", "set", "eth0", "up")
             sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
-        return self
 
     def __exit__(self, *exc) -> None:
         for ns, veth in zip(self.names, self.veths, strict=True):

@@ -13,6 +13,7 @@ from litz.checkpoint import shard_part
 from litz.cli.litzctl import format_status
 from litz.keys import ShardMap
 from litz.scar import (
+    RUNNING,
     RunningCheckpoint,
     element_distances,
     global_top_counts,
@@ -101,6 +102,22 @@ def test_a_restored_shard_is_saved_as_a_copy_of_its_live_values():
     assert ck.measure({5: table}).sum() == 3 and histogram(np.ones(3)).tolist() == ck.measure({5: table}).tolist()
 
 
+def running_values(tmp_path) -> dict[str, np.ndarray]:
+    """The running checkpoint as the servers last wrote it (each shard file is replaced whole): key name -> value."""
+    import pickle
+
+    values = {}
+    for part in (tmp_path / "ckpt" / RUNNING / "shards").glob("s*.pkl"):
+        values.update({key_name(k): np.asarray(v) for k, v in pickle.loads(part.read_bytes()).items()})
+    return values
+
+
+def all_saved_at(tmp_path, value: float) -> bool:
+    """Every key of the phases app holds ``value`` in the running checkpoint on disk."""
+    saved = running_values(tmp_path)
+    return len(saved) == len(KEYS) and all((a == value).all() for a in saved.values())
+
+
 def phase(name: str) -> str | None:
     st = status(name)
     return st and st["report"].get("phase")
@@ -183,7 +200,7 @@ def test_priority_checkpoints_feed_partial_recovery(tmp_path):
         wait_for(lambda: phase(name) == "idle3", 30, "the second quiet phase")
         # a round every 0.2 s saves a quarter of each server's keys, most-changed first: within 8 rounds of
         # the quiet phase every key holds its final value 11 in the running checkpoint
-        time.sleep(2.5)
+        wait_for(lambda: all_saved_at(tmp_path, 11.0), 30, "every key at 11 in the running checkpoint")
         assert ctl(name, "kill", "s0").returncode == 0
         stdout, stderr = job.communicate(timeout=60)
         assert job.returncode == 0, stderr
@@ -212,7 +229,12 @@ def test_running_checkpoint_starts_from_the_values_an_app_writes_first(tmp_path)
         st = wait_for(lambda: phase(name) == "drift" and status(name), 30, "the drift phase")
         lost = lost_keys(st, "s1", COLD)
         assert lost  # some cold keys live on s1
-        time.sleep(1.5)  # rounds every 0.1 s while only the hot keys move
+
+        def saved_starts_and_drift():  # rounds (every 0.1 s) went on while only the hot keys moved
+            v = running_values(tmp_path)
+            return lost <= set(v) and any((a > 1000).any() for k, a in v.items() if k.startswith("h"))
+
+        wait_for(saved_starts_and_drift, 30, "the lost cold keys' starting values, and drifted hot values, saved")
         assert ctl(name, "kill", "s1").returncode == 0
         stdout, stderr = job.communicate(timeout=60)
         assert job.returncode == 0, stderr
@@ -227,12 +249,13 @@ def test_running_checkpoint_starts_from_the_values_an_app_writes_first(tmp_path)
 
 
 def quiet_phase_with_rounds(procs: Processes, name: str, tmp_path):
-    """The phases app with priority rounds back to back (every 1 ms), half a second into its second quiet
-    phase: whatever the test does next most likely lands while a round is under way."""
+    """The phases app with priority rounds back to back (every 1 ms), once they saved every key's value of its
+    second quiet phase (11): whatever the test does next most likely lands while a round is under way, and a
+    lost key comes back at 11."""
     job = procs.start(scar_job("phases", name, tmp_path, "--checkpoint-every", "0.01",
                                "--priority-checkpoint", "0.1", "--config", "idle2=60"))
     wait_for(lambda: phase(name) == "idle3", 30, "the second quiet phase")
-    time.sleep(0.5)
+    wait_for(lambda: all_saved_at(tmp_path, 11.0), 30, "every key at 11 in the running checkpoint")
     return job
 
 
@@ -474,7 +497,7 @@ def test_partial_recovery_under_load_runs_no_task_twice_and_keeps_live_shards_ex
         lost = lost_keys(st, "s1", keys)
         arrays = {f"arr{d}" for d in DTYPES}
         assert arrays & lost and arrays - lost, lost  # lost and live keys alike are checked below
-        time.sleep(rng.uniform(0.0, 0.5))
+        time.sleep(rng.uniform(0.0, 0.5))  # not a wait: the kill's moment is what the seed varies
         assert ctl(name, "kill", "s1").returncode == 0
         stdout, stderr = job.communicate(timeout=90)
         assert job.returncode == 0, stderr

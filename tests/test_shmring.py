@@ -9,7 +9,7 @@ import pytest
 import litz
 from litz import shmring
 from litz.transport import RING_BYTES, ZmqEndpoint, ring_prefix
-from tests.helpers import ROOT
+from tests.helpers import ROOT, wait_for
 
 MIB = 1 << 20
 
@@ -154,8 +154,17 @@ def test_borrowed_frames_hold_their_ring_space_until_the_next_message(pair):
     reader = b._readers["a"][1]
     a.send("b", ("m", 1, x + 1))
     a.send("b", ("m", 2, x + 2))
-    assert b.poll(2000)
-    time.sleep(0.2)
+    # both must be taken in one drain: hold their frames as they arrive, then hand them to drain together
+    arrived, take = [], b._next_incoming
+
+    def both_arrived() -> bool:
+        got = take()
+        if got is not None:
+            arrived.append(got)
+        return len(arrived) == 2
+
+    wait_for(both_arrived, 5, "both messages", interval=0.01)
+    b._next_incoming = lambda: arrived.pop(0) if arrived else take()
     seen = []
     for _, (_, i, value) in b.drain(borrow=True):
         assert np.array_equal(value, x + i)

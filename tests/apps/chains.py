@@ -24,6 +24,9 @@ class Chains(litz.Driver):
         self.violations = []
         self.left = self.chains
         self.counts = {}
+        self.runs = {}  # log_runs: worker pid -> [start, end] wall times of every task its executors ran
+        if self.config.get("log_runs"):
+            self.report(log_runs=1)  # a --metrics row: its "time" - "t" is the job log's start (events' clock)
         for c in range(self.chains):
             self.dispatch_task(c % self.num_executors, ("step", c, 0))
 
@@ -34,9 +37,12 @@ class Chains(litz.Driver):
         kind = result[0]
         if kind == "check":
             ran = sum(self.counts.values())
-            self.finish({"violations": self.violations, "tasks_ran": ran, **result[1]})
+            runs = {"runs": self.runs} if self.config.get("log_runs") else {}
+            self.finish({"violations": self.violations, "tasks_ran": ran, **result[1], **runs})
         elif kind == "count":
             self.counts[result[1]] = result[2]
+            for pid, spans in result[3].items():
+                self.runs.setdefault(str(pid), []).extend(spans)
             if len(self.counts) == self.num_executors:
                 self.dispatch_task(self.num_executors - 1, ("check",))
         else:
@@ -63,7 +69,7 @@ class ChainExecutor(litz.Executor):
         assert self.data[0] == self.executor_id and len(self.data) == 1000, "input data lost or wrong"
         kind = args[0]
         if kind == "count":
-            return ("count", self.executor_id, getattr(self, "ran", 0))
+            return ("count", self.executor_id, getattr(self, "ran", 0), getattr(self, "runs", {}))
         if kind == "check":
             arrays = self.ps_get_many([("arr", d) for d in DTYPES])
             return ("check", {
@@ -73,6 +79,7 @@ class ChainExecutor(litz.Executor):
                 "missing": self.ps_get("never-updated"),
             })
         _, c, t = args
+        start = time.time()
         gate = self.config.get("gate")  # a file: while it exists, the second half of the executors wait
         while gate and self.executor_id >= self.num_executors // 2 and os.path.exists(gate):
             time.sleep(0.01)
@@ -89,4 +96,7 @@ class ChainExecutor(litz.Executor):
         shape = tuple(self.config.get("shape", SHAPE))  # large shapes travel through shared-memory rings
         self.ps_update_many((("arr", d), np.ones(shape, dtype=d)) for d in DTYPES)
         self.ran = getattr(self, "ran", 0) + 1
+        if self.config.get("log_runs"):  # state: moves and checkpoints keep it, as they keep "ran"
+            self.runs = getattr(self, "runs", {})
+            self.runs.setdefault(os.getpid(), []).append([start, time.time()])
         return ("step", c, t, seen)

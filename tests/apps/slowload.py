@@ -1,4 +1,5 @@
 """Test app: every executor's load_input blocks for a minute, so the job is stopped while it loads."""
+import os
 import time
 
 import litz
@@ -14,6 +15,8 @@ class SlowLoadDriver(litz.Driver):
 
 class SlowLoadExecutor(litz.Executor):
     def load_input(self):
+        if self.config.get("marker_dir"):  # tell the test this worker is in load_input now
+            open(os.path.join(self.config["marker_dir"], f"loading-{os.getpid()}"), "w").close()
         time.sleep(60)
 
     def run_task(self, args):
