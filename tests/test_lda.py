@@ -168,7 +168,7 @@ def test_schedule_in_process_with_random_completion_order(executors, blocks) -> 
         check_invariant(in_process(config, executors, seed).run(), 3, executors)
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("executors, blocks", [(5, None), (3, 7), (7, 3), (4, 1)])
 def test_totals_are_those_of_the_tasks_before_in_the_schedule(monkeypatch, executors, blocks) -> None:
     """Each task gets the initial totals plus the changes of every round, of every executor, that its clock says
