@@ -183,6 +183,7 @@ def test_a_task_for_an_executor_waiting_to_move_travels_with_it(tmp_path):
     from litz import protocol as P
     from litz.api import Executor
     from litz.cache import ParamCache
+    from litz.held import HeldTasks
     from litz.outofcore import Residency
     from litz.worker import Worker
 
@@ -193,6 +194,7 @@ def test_a_task_for_an_executor_waiting_to_move_travels_with_it(tmp_path):
     w.moving, w.copied, w.moved_to, w.started = {}, {}, {}, defaultdict(int)
     w.pending, w.waiting_load = defaultdict(int), defaultdict(list)
     w.residency = Residency("w0", spill_root=str(tmp_path))
+    w.held, w.deferred_done = HeldTasks(), []  # no task sent ahead (after=)
     w.install(0, {})
     w.started[0] = 1  # a task of executor 0 is under way (waiting for a value)
     w.handle("master", (P.MOVE_EXECUTOR, 0, "w1", False, True))

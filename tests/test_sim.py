@@ -95,8 +95,14 @@ def test_a_planted_ssp_frontier_that_runs_ahead_is_caught(monkeypatch):
 def test_ssp_schedules_interleave_tasks_of_one_executor_and_pass(monkeypatch):
     """Under SSP up to s + 1 tasks of one executor are in flight: the checks allow the interleaving and still
     find nothing on these seeds (the 1,000-schedule run covers the rest)."""
-    from litz.sim.checkapp import CheckExecutor
+    from litz.appload import load_app
+    from litz.sim import schedule
 
+    # the class the simulated workers run: the app as the simulator loads it (an earlier test may have imported the
+    # module afresh, so litz.sim.checkapp.CheckExecutor need not be the class the cached app holds)
+    app = load_app("litz.sim.checkapp")
+    monkeypatch.setattr(schedule, "_app", app)
+    CheckExecutor = app.executor_cls
     real, running, most = CheckExecutor.run_task, Counter(), Counter()
 
     def counted(self, args):
