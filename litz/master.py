@@ -828,7 +828,7 @@ class Master(Process):
         if self.memsched is None:
             self.memsched = MemoryScheduler(self.num_executors)
         moving = self.moving_executors
-        eid, hint = self.memsched.choose(eids, lambda e: moving.get(e) or self.executor_owner[e])
+        eid, hint = self.memsched.choose(eids, lambda e: moving.get(e) or self.executor_owner[e], self.speeds())
         if hint is not None and not self.recovery.paused and eid not in moving:
             self.memsched.hints[self.executor_owner[eid]] = (hint, eid)
         return eid

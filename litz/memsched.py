@@ -11,19 +11,28 @@ prefetch it (O3): it loads it while the chosen executor's tasks run, if it fits 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 
 def rank(candidates: Sequence[int], worker_of: Callable[[int], str], spilled: set[int],
-         outstanding: dict[int, int]) -> list[int]:
-    """``candidates`` best first (O2): the least loaded worker first (outstanding chosen tasks of its executors), then
-    resident before spilled (an executor with a task outstanding counts as resident: it is loaded for it), then the
-    executor's own outstanding tasks, then the lower id. A pure function of its arguments: a seed replays it."""
+         outstanding: dict[int, int], speeds: Mapping[str, float] | None = None) -> list[int]:
+    """``candidates`` best first (O2): the worker that would finish the task soonest first (its outstanding chosen
+    tasks plus this one, over its measured speed in ``speeds``; a worker not measured yet counts at the mean of
+    those that are, all alike when none is), then resident before spilled (an executor with a task outstanding
+    counts as resident: it is loaded for it), then the executor's own outstanding tasks, then the lower id. A pure
+    function of its arguments: a seed replays it."""
     load: dict[str, int] = defaultdict(int)
     for eid, n in outstanding.items():
         if n:
             load[worker_of(eid)] += n
-    return sorted(set(candidates), key=lambda e: (load[worker_of(e)], e in spilled and not outstanding.get(e),
+    known = [v for v in (speeds or {}).values() if v and v > 0]
+    usual = sum(known) / len(known) if known else 1.0
+
+    def finish(w: str) -> float:
+        v = (speeds or {}).get(w)
+        return (load[w] + 1) / (v if v and v > 0 else usual)
+
+    return sorted(set(candidates), key=lambda e: (finish(worker_of(e)), e in spilled and not outstanding.get(e),
                                                   outstanding.get(e, 0), e))
 
 
@@ -40,9 +49,11 @@ class MemoryScheduler:
         self.choices = 0
         self.hints_sent = 0
 
-    def choose(self, candidates: Iterable[int], worker_of: Callable[[int], str]) -> tuple[int, int | None]:
-        """The executor to run a task on, and a spilled executor on the same worker to prefetch (or None)."""
-        ranked = rank(list(candidates), worker_of, self.spilled, self.outstanding)
+    def choose(self, candidates: Iterable[int], worker_of: Callable[[int], str],
+               speeds: Mapping[str, float] | None = None) -> tuple[int, int | None]:
+        """The executor to run a task on, and a spilled executor on the same worker to prefetch (or None);
+        ``speeds``: the workers' measured speeds (tasks per second), where known."""
+        ranked = rank(list(candidates), worker_of, self.spilled, self.outstanding, speeds)
         if not ranked:
             raise ValueError("choose_executor: no candidate executors")
         best = ranked[0]

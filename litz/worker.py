@@ -110,25 +110,6 @@ def open_schedstat(path: str = "/proc/thread-self/schedstat") -> int | None:
         return None
 
 
-IO_THREAD_PREFIX = "ZMQbg/IO/"  # libzmq's name for its I/O threads, which move every message of the process
-
-
-def open_io_schedstats() -> list[int]:
-    """Schedstat descriptors of this process's ZeroMQ I/O threads (none before its first socket exists)."""
-    fds = []
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                if not f.read().startswith(IO_THREAD_PREFIX):
-                    continue
-        except OSError:
-            continue
-        fd = open_schedstat(f"/proc/self/task/{tid}/schedstat")
-        if fd is not None:
-            fds.append(fd)
-    return fds
-
-
 def wanted(fd: int) -> float:
     """Seconds this thread ran or wanted to run: CPU time plus run delay, which holds a CPU quota's throttled time
     and a busy neighbour's turns (the cost of a task on this machine now, whatever the task did meanwhile)."""
@@ -142,11 +123,7 @@ class SpeedMeasure:
     values or their flush) and CPU seconds. Holding, not running: a CPU quota's stalls land anywhere, also in the
     wake-up from a wait for a message, which running time misses. Where Linux tells it (``schedstat``), the seconds
     are CPU time plus run delay instead (see :func:`wanted`), plus the time tasks blocked inside run slices (sleep,
-    I/O, the test hook), which costs too although it is neither; plus what the ZeroMQ I/O threads ran or wanted to
-    run while the event loop waited for a message. A quota throttles every thread of the process: a stall that
-    catches the I/O thread receiving a value, an acknowledgement or a task while the loop sleeps in its poll is
-    this worker's cost all the same, and the loop's own run delay misses it (measured: a worker at 25 % of a core
-    then looked a third as fast, not a quarter, and kept an executor too many)."""
+    I/O, the test hook), which costs too although it is neither."""
 
     def __init__(self, schedstat: bool = True):
         """``schedstat``: False measures held wall time even where /proc tells more (bare workers in tests)."""
@@ -158,34 +135,13 @@ class SpeedMeasure:
         self.blocked = 0.0
         self._slice_start = self._slice_wanted = 0.0
         self.ran: dict[int, list[float]] = {}  # executor -> [seconds its tasks ran, CPU seconds] since the take
-        self._io: list[int] | None = None  # the I/O threads' schedstat, opened at the first wait (see io_wanted)
-        self._io_mark = 0.0
-        self.io_waits = 0.0  # seconds the I/O threads ran or waited for a CPU during the loop's waits
 
-    def io_wanted(self) -> float:
-        """Seconds the ZeroMQ I/O threads ran or waited for a CPU so far (0 without schedstat)."""
-        if self._schedstat is None:
-            return 0.0
-        if self._io is None:
-            self._io = open_io_schedstats()
-        try:
-            return sum(wanted(fd) for fd in self._io)
-        except (OSError, ValueError, IndexError):  # a thread gone: stop counting it
-            self.close_io()
-            self._io = []
-            return 0.0
+    def wait_begins(self) -> None:
+        """The worker holds no task and waits for messages: busy until now, the wait is not."""
+        self.busy += clock.perf_counter() - self._busy_mark
 
-    def wait_begins(self, idle: bool) -> None:
-        """The event loop waits for messages; ``idle``: it holds no task, so the wait is not the tasks' cost (what
-        its I/O threads do meanwhile is)."""
-        if idle:
-            self.busy += clock.perf_counter() - self._busy_mark
-        self._io_mark = self.io_wanted()
-
-    def wait_ends(self, idle: bool) -> None:
-        if idle:
-            self._busy_mark = clock.perf_counter()
-        self.io_waits += self.io_wanted() - self._io_mark
+    def wait_ends(self) -> None:
+        self._busy_mark = clock.perf_counter()
 
     def start_slice(self, now: float) -> None:
         """A run slice (tasks switched to one after another) starts at ``now`` (perf_counter)."""
@@ -216,22 +172,16 @@ class SpeedMeasure:
         spent = self.busy + now - self._busy_mark
         if self._schedstat is not None:
             w = wanted(self._schedstat)
-            spent, self._wanted_mark = w - self._wanted_mark + self.blocked + self.io_waits, w
+            spent, self._wanted_mark = w - self._wanted_mark + self.blocked, w
         done = done or {}
         ran = self.ran
         per_executor = {e: (done.get(e, 0), *ran.get(e, (0.0, 0.0))) for e in ran.keys() | done.keys()}
         timing = (tasks, spent, cpu - self._cpu_mark, per_executor)
-        self.busy, self._busy_mark, self._cpu_mark, self.blocked, self.io_waits = 0.0, now, cpu, 0.0, 0.0
+        self.busy, self._busy_mark, self._cpu_mark, self.blocked = 0.0, now, cpu, 0.0
         self.ran = {}
         return timing
 
-    def close_io(self) -> None:
-        for fd in self._io or ():
-            os.close(fd)
-        self._io = None
-
     def close(self) -> None:
-        self.close_io()
         if self._schedstat is not None:
             os.close(self._schedstat)
             self._schedstat = None
@@ -310,13 +260,12 @@ class Worker(Process):
         self.await_welcome(start_timeout)
         last_check = clock.time()
         while self.running:
-            waits = not self.runnable
-            idle = waits and not self.holds_tasks()  # busy until now; the wait below is not
-            if waits:
-                self.measure.wait_begins(idle)
+            idle = not self.runnable and not self.holds_tasks()
+            if idle:  # busy until now; the wait below is not
+                self.measure.wait_begins()
             got = self.wait_for_messages(0 if self.runnable else 100)
-            if waits:
-                self.measure.wait_ends(idle)
+            if idle:
+                self.measure.wait_ends()
             if got:
                 for sender, msg in self.receive():
                     self.handle_message(sender, msg)

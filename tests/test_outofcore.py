@@ -382,6 +382,12 @@ def test_memory_aware_choice_prefers_a_resident_executor_on_the_least_loaded_wor
     owner = {0: "w0", 1: "w0", 2: "w0", 3: "w1", 4: "w1"}.__getitem__
     # balance first: w0 has two tasks outstanding, so w1's executors come first, its resident one ahead
     assert rank([0, 1, 2, 3, 4], owner, spilled={3}, outstanding={0: 2}) == [4, 3, 1, 2, 0]
+    # by speed: w1 at a quarter of w0's speed finishes a task later with nothing queued (1/1) than w0 with two
+    # queued (3/4): w0 first; w1 only once w0 has more than three ahead of it
+    speeds = {"w0": 4.0, "w1": 1.0}
+    assert rank([0, 3], owner, spilled=set(), outstanding={0: 2}, speeds=speeds) == [0, 3]
+    assert rank([0, 3], owner, spilled=set(), outstanding={0: 4}, speeds=speeds) == [3, 0]
+    assert rank([0, 3], owner, spilled=set(), outstanding={0: 2}, speeds={"w0": 4.0}) == [3, 0]  # w1 at the mean
     # on one worker: resident before spilled (a spilled one with a task counts as resident: it is being loaded)
     assert rank([0, 1, 2], owner, spilled={0, 1}, outstanding={1: 1})[:2] == [2, 1]
     sched = MemoryScheduler(5)

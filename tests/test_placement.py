@@ -319,9 +319,9 @@ def test_the_worker_counts_the_time_it_held_tasks_not_its_waits(monkeypatch):
     m = SpeedMeasure(schedstat=False)  # where /proc tells no run delay: wall time holding unfinished tasks
     t["wall"] += 2.0
     t["cpu"] += 1.0
-    m.wait_begins(idle=True)  # nothing held: the wait for messages is not the tasks' cost
+    m.wait_begins()  # nothing held: the wait for messages is not the tasks' cost
     t["wall"] += 10.0
-    m.wait_ends(idle=True)
+    m.wait_ends()
     t["wall"] += 1.0
     assert m.take(3)[:3] == (3, 3.0, 1.0)
     assert m.take(0) == (0, 0.0, 0.0, {})  # each DONE reports what came since the previous one
@@ -344,56 +344,6 @@ def test_with_schedstat_the_worker_counts_cpu_run_delay_and_time_tasks_blocked(m
     t["wanted"] += 0.5
     t["cpu"] += 0.5
     assert m.take(2) == (2, 1.5, 0.5, {}) and m.blocked == 0.0
-
-
-def test_with_schedstat_what_the_io_threads_wanted_while_the_loop_waited_is_the_workers_cost(monkeypatch):
-    """A quota's stall that holds the ZeroMQ I/O thread while the event loop sleeps in its poll (a value or a task
-    arriving) counts, idle or not; the I/O thread's time while the loop itself runs does not (counted twice)."""
-    from litz import worker
-    from litz.worker import SpeedMeasure
-
-    t = fake_clocks(monkeypatch)
-    t["io"] = 3.0
-    monkeypatch.setattr(worker, "open_schedstat", lambda: -1)
-    monkeypatch.setattr(worker, "open_io_schedstats", lambda: [-2])
-    monkeypatch.setattr(worker, "wanted", lambda fd: t["wanted"] if fd == -1 else t["io"])
-    monkeypatch.setattr(worker.os, "close", lambda fd: None)
-    m = SpeedMeasure()
-    t["wanted"] += 0.25  # the loop runs a task: 0.25 s; meanwhile the I/O thread receives something, 0.5 s
-    t["io"] += 0.5
-    m.wait_begins(idle=False)  # waiting for a value, tasks held
-    t["wall"] += 1.0
-    t["io"] += 0.25  # the value's arrival stalled by the quota
-    m.wait_ends(idle=False)
-    m.wait_begins(idle=True)  # nothing held: only the I/O thread's share counts (a task's arrival)
-    t["wall"] += 5.0
-    t["io"] += 0.125
-    m.wait_ends(idle=True)
-    assert m.take(1) == (1, 0.25 + 0.25 + 0.125, 0.0, {})
-    assert m.take(0) == (0, 0.0, 0.0, {})
-
-
-def test_a_real_worker_thread_finds_its_zmq_io_thread() -> None:
-    """The I/O threads are found by libzmq's thread name in /proc: a context with a socket has one."""
-    import os
-
-    import zmq
-
-    from litz.worker import open_io_schedstats, wanted
-
-    if not os.path.exists("/proc/self/task"):
-        pytest.skip("no /proc")
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    try:
-        sock.bind("tcp://127.0.0.1:*")
-        fds = open_io_schedstats()
-        assert len(fds) >= 1 and all(wanted(fd) >= 0 for fd in fds)
-        for fd in fds:
-            os.close(fd)
-    finally:
-        sock.close(0)
-        ctx.term()
 
 
 def test_executor_costs_follow_each_executor_and_a_task_across_two_reports_counts_whole():
