@@ -25,11 +25,12 @@ def rank(candidates: Sequence[int], worker_of: Callable[[int], str], spilled: se
     for eid, n in outstanding.items():
         if n:
             load[worker_of(eid)] += n
-    known = [v for v in (speeds or {}).values() if v and v > 0]
+    speeds = speeds or {}
+    known = [v for v in speeds.values() if v and v > 0]
     usual = sum(known) / len(known) if known else 1.0
 
     def finish(w: str) -> float:
-        v = (speeds or {}).get(w)
+        v = speeds.get(w)
         return (load[w] + 1) / (v if v and v > 0 else usual)
 
     return sorted(set(candidates), key=lambda e: (finish(worker_of(e)), e in spilled and not outstanding.get(e),

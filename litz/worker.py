@@ -92,14 +92,13 @@ class SlowHook:
         return ran * self.ratio
 
 
-def open_schedstat(path: str = "/proc/thread-self/schedstat") -> int | None:
-    """A descriptor of a thread's schedstat (CPU time, then time spent runnable but not running, in ns; this
-    thread's by default), or None where there is none or time is simulated (``litz.sim``: it must not read real
-    time)."""
+def open_schedstat() -> int | None:
+    """A descriptor of this thread's ``/proc/thread-self/schedstat`` (CPU time, then time spent runnable but not
+    running, in ns), or None where there is none or time is simulated (``litz.sim``: it must not read real time)."""
     if clock.perf_counter is not clock._real.perf_counter:
         return None
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
     except OSError:
         return None
     try:
