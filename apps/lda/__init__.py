@@ -18,14 +18,31 @@ every earlier update, and no two executors ever hold a block at once. There is n
 or epochs: each executor moves on as soon as its next block is free (a pipeline, as in Strads' ring). With
 ``B < E`` executors sharing a block in a round take turns; with ``B > E`` some blocks rest each round.
 
+**Dispatch ahead** (``ahead=1``). Each round above waits for: the predecessor completes, its result reaches
+the master, the driver dispatches, the worker runs. With ``ahead=1`` the driver dispatches task T = (e, r) on
+block b as soon as its two predecessors, P1 = (e, r - 1) and P2 = b's previous holder, have been *dispatched*
+(not completed), with ``dispatch_task(e, args, after=[P1, P2])``: the runtime starts T once their updates are
+acknowledged, on their worker without the master when it can (docs/design.md, "Dependent dispatch"). The
+lookahead is one deep: T also waits until every task before T in the schedule other than P1 and P2 has completed
+(P1's and P2's own predecessors), so an executor has at most two rounds in flight.
+
 **Topic totals** ``n_k`` (key ``("totals",)``, int64 [K]) are shared with bounded staleness: a task reads
 them once at its start (its version guarantees every update of every task completed before its dispatch),
 keeps its own changes locally while sampling, and adds its net change at the end. So a task misses at most
 the changes of the tasks running concurrently with it: one round's worth.
 
+With ``ahead=1`` T's totals are those of every task before it in the schedule except P1 and P2 (the union of
+the tasks before P1 and before P2: complete at T's dispatch by the lookahead rule, and a function of the schedule
+only, so the same seed still gives the same topics); the executor adds its own previous round's change itself (it
+is stateful and knows it), so T misses only P2's change beyond what ``ahead=0`` misses: one more round of
+staleness on the other executors' changes.
+
 **Checks the driver makes.** Every task adds 1 to ``("hold", b)`` and returns the value it read; the
 holders of a block must read 0, 1, 2, ... in completion order (an overlap or a lost update would show a
-repeated or skipped value), and the driver also checks its own dispatch/completion intervals per block.
+repeated or skipped value). The holders of a block must also complete in the schedule's order (a holder that
+ran before its predecessor finished would show), and with ``ahead=0`` the driver also checks its own
+dispatch/completion intervals per block (with ``ahead=1`` a hold starts when the runtime releases the task, which
+the driver does not see: the completion order and the hold counts are the checks).
 Executors check that rounds arrive in order (a task run twice or lost after a migration would show).
 With ``check_counts=1`` each epoch ends with a barrier and two check rounds: every executor adds the
 word-topic counts recomputed from its ``z`` into ``("zc", b)`` and checks its ``ndk`` against ``z``, then
@@ -35,7 +52,7 @@ sums.
 
 **After a SCAR partial recovery** (``--partial-recovery``) the lost shards' counts are back at a checkpoint
 while every ``z`` kept going, so the driver recounts (thesis §5.4.1: recount what can be recounted): it stops
-dispatching rounds, waits for the running ones, then every executor adds its recomputed block counts and
+dispatching rounds (ahead too), waits for the running ones (those dispatched ahead included), then every executor adds its recomputed block counts and
 topic totals into keys of that recount (``("rc", n, b)``, ``("rc", n)``), and the checkers set ``("wt", b)``,
 ``("hold", b)`` and ``("totals",)`` to the recounted values and the check sums ``("zc", b)`` to zero (a
 checkpoint taken during a check holds partial sums); then the rotation goes on where it stopped. Hold counts read stale
@@ -50,8 +67,9 @@ driver adds them up once every task of the epoch has completed.
 
 Protocol (task arguments -> result dicts, all with ``kind``):
  * ``("init",)`` -> random ``z``, counts pushed to the server, kernels compiled; sizes.
- * ``("sample", round, block, totals, ll_doc, ll_word[, counts])`` -> hold value read, tokens, seconds, the change
-   of the topic totals, optional LL parts
+ * ``("sample", round, block, totals, ll_doc, ll_word[, counts[, own]])`` -> hold value read, tokens, seconds, the
+   change of the topic totals, optional LL parts (``own``: add this executor's previous round's change to
+   ``totals``, for ``ahead=1``)
    (and with ``counts`` the block's word-topic counts, for ``recovery_every``).
  * ``("check", epoch)``, ``("check2", epoch)`` -> the counts invariant (``check_counts=1``).
  * ``("recount", n)``, ``("recount2", n, {block: holds})`` -> the counts recomputed after a partial recovery.
