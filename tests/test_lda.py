@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+import zlib
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ import pytest
 import litz
 from apps.lda import data, topic_recovery
 from apps.lda.settings import Settings
+from litz.cache import add_into, check_delta
 from tests import inprocess
 from tests.helpers import Processes, run_cli, wait_for
 
@@ -352,3 +354,172 @@ def test_killed_server_with_partial_recovery_recounts_the_counts(tmp_path) -> No
     assert not [e for e in events if e["kind"] == "recovery"]
     recounts = [r for r in metrics(m) if "recounts" in r]
     assert len(recounts) == 1 and recounts[0]["recount_fixed"] > 0, recounts  # the counts had gone stale
+
+
+# ------------------------------------------------------------------------------------ dispatch ahead (ahead=1)
+class AfterInProcess(inprocess.InProcess):
+    """The in-process runtime with ``dispatch_task(..., after=)``: a task may start once the tasks it names have
+    completed, in a random order among those that may; it reads the server as of the latest of its dispatch and its
+    named tasks' completions (the stalest view the rule allows). ``lose_at``: after that many completed tasks, the
+    keys of one shard of two go back to their values after ``lose_at // 2`` tasks, and the driver hears of a partial
+    recovery, as SCAR's restore of a lost server does."""
+
+    def __init__(self, *args, lose_at: int | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.tasks: dict[int, list] = {}  # id -> [executor, args, pending ids, snapshot]
+        self.completed: set[int] = set()
+        self.next_tid = 0
+        self.lose_at, self.saved, self.lost = lose_at, None, False
+
+    def dispatch_task(self, executor: int, args: object, after=None) -> int:
+        tid, self.next_tid = self.next_tid, self.next_tid + 1
+        pending = {t for t in (after or ()) if t not in self.completed}
+        self.tasks[tid] = [executor, args, pending, None if pending else dict(self.ps)]
+        return tid
+
+    def run(self):
+        self.driver.dispatch_initial_tasks()
+        while not self.finished:
+            ready = [t for t, task in self.tasks.items() if not task[2]]
+            tid = ready[self.rng.randrange(len(ready))]
+            executor, args, _, snapshot = self.tasks.pop(tid)
+            self.view = snapshot
+            self.log = []
+            result = self.executors[executor].run_task(args)
+            for key, delta in self.log:
+                old = self.ps.get(key)
+                value = (np.array(delta, copy=True) if isinstance(delta, np.ndarray) else delta) if old is None \
+                    else add_into(key, old, check_delta(key, delta), in_place=False)
+                if isinstance(value, np.ndarray):
+                    value.flags.writeable = False
+                self.ps[key] = value
+            self.completed.add(tid)
+            for task in self.tasks.values():
+                if tid in task[2]:
+                    task[2].discard(tid)
+                    if not task[2]:
+                        task[3] = dict(self.ps)
+            self.driver.handle_task_completion(result)
+            if self.lose_at is not None and len(self.completed) == self.lose_at // 2:
+                self.saved = dict(self.ps)
+            if self.lose_at is not None and len(self.completed) == self.lose_at and not self.lost:
+                self.lost = True
+                for key in [k for k in self.ps if zlib.crc32(repr(k).encode()) % 2]:  # one shard's keys go back
+                    if key in self.saved:
+                        self.ps[key] = self.saved[key]
+                    else:
+                        del self.ps[key]
+                self.driver.handle_partial_recovery({"lost": ["s1"]})
+        assert not self.tasks
+        return self.result
+
+
+def ahead_in_process(config: dict, num_executors: int, seed: int, **kwargs) -> AfterInProcess:
+    import apps.lda as lda
+
+    return AfterInProcess(lda.LDADriver, lda.LDAExecutor, {**config, "ahead": 1}, num_executors, seed=seed,
+                          **kwargs)
+
+
+def schedule_predecessors(executors: int, blocks: int, rounds: int) -> dict:
+    """(executor, round) -> its two predecessors in the schedule (its previous round, its block's previous holder),
+    from the holders of each block listed in (round, executor) order: computed here, not with the driver's code."""
+    last: dict[int, tuple] = {}
+    preds = {}
+    for r in range(rounds):
+        for e in range(executors):
+            b = (e + r) % blocks
+            preds[(e, r)] = (((e, r - 1),) if r else ()) + ((last[b],) if b in last else ())
+            last[b] = (e, r)
+    return preds
+
+
+def ancestors(preds: dict, task: tuple, memo: dict) -> frozenset:
+    if task not in memo:
+        out: set = set()
+        for p in preds[task]:
+            out |= {p} | ancestors(preds, p, memo)
+        memo[task] = frozenset(out)
+    return memo[task]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("executors, blocks", [(5, None), (3, 7), (7, 3), (4, 1)])
+def test_ahead_totals_are_those_of_the_tasks_before_but_the_two_predecessors(monkeypatch, executors, blocks) -> None:
+    """With ahead=1 a task is dispatched once its two predecessors are dispatched and everything else before it has
+    completed; its totals are the initial ones plus the changes of every task before it but those two, plus its own
+    executor's previous change where that is not among them: checked against the schedule's DAG built here."""
+    import apps.lda as lda
+
+    config = {**SMALL, "docs": 300, "epochs": 3, "check_counts": 1, **({"blocks": blocks} if blocks else {})}
+    B = blocks or executors
+    preds = schedule_predecessors(executors, B, 3 * B)
+    memo: dict = {}
+    original_sampled, original_start = lda.LDADriver._sampled, lda.LDADriver._start
+    delta: dict = {}  # (executor, round) -> its change of the totals, once complete
+    dispatched: list = []
+
+    def start(self) -> None:
+        self.nk0 = sum(i["nk"] for i in self.infos.values())
+        original_start(self)
+
+    def sampled(self, res: dict) -> None:
+        delta[(res["executor"], res["round"])] = res["nk_delta"]
+        original_sampled(self, res)
+
+    def dispatch_task(self, e: int, args=None, after=None) -> int:
+        if args[0] == "sample":
+            r, totals, own = args[1], args[3], args[7]
+            task = (e, r)
+            p = preds[task]
+            assert all(q in dispatched for q in p), (task, p)  # never before its predecessors are dispatched
+            before = set().union(*(ancestors(preds, q, memo) for q in p)) if p else set()
+            assert before <= set(delta), (task, before - set(delta))  # complete: one deep
+            assert own == (r > 0 and (e, r - 1) not in before)
+            want = self.nk0 + sum((delta[q] for q in before), np.zeros_like(self.nk0))
+            np.testing.assert_array_equal(totals, want)
+            assert len(after) == len(p)
+            dispatched.append(task)
+        return litz.Driver.dispatch_task(self, e, args, after)
+
+    monkeypatch.setattr(lda.LDADriver, "_start", start)
+    monkeypatch.setattr(lda.LDADriver, "_sampled", sampled)
+    monkeypatch.setattr(lda.LDADriver, "dispatch_task", dispatch_task, raising=False)
+    for seed in range(2):
+        delta.clear()
+        dispatched.clear()
+        check_invariant(ahead_in_process(config, executors, seed).run(), 3, executors)
+        assert sorted(dispatched) == sorted(preds)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("executors, blocks", [(5, None), (3, 7), (7, 3)])
+def test_ahead_recount_after_a_partial_recovery_in_process(executors, blocks) -> None:
+    """A partial recovery while tasks are dispatched ahead: the driver stops dispatching, waits for every task in
+    flight (those sent ahead too), recounts, and every counts check after it holds."""
+    config = {**SMALL, "docs": 300, "epochs": 4, "check_counts": 1, **({"blocks": blocks} if blocks else {})}
+    B = blocks or executors
+    for seed in range(2):
+        result = ahead_in_process(config, executors, seed, lose_at=executors * B + B).run()
+        assert len(result["recounts"]) == 1 and result["recounts"][0]["entries_fixed"] > 0, result["recounts"]
+        assert result["counts_ok"] is True and len(result["counts_checks"]) == 4, result["counts_checks"]
+        sched = result["schedule"]
+        assert sched["violations"] == [] and sched["holds"] == sched["expected_holds"], sched
+
+
+@pytest.mark.timeout(60)
+def test_ahead_schedule_checks_catch_a_task_dispatched_after_its_previous_round_only(monkeypatch) -> None:
+    """A driver that names only P1 in after= (not the block's previous holder): a task can run while the block's
+    previous holder has not, and the completion-order and hold-count checks catch it."""
+    import apps.lda as lda
+
+    def p1_only(self, e: int, args=None, after=None) -> int:
+        if args[0] == "sample" and after:
+            after = [self.tid_exec[e]]  # P1's id (the driver records T's own once this returns)
+        return litz.Driver.dispatch_task(self, e, args, after)
+
+    monkeypatch.setattr(lda.LDADriver, "dispatch_task", p1_only, raising=False)
+    result = ahead_in_process({**SMALL, "docs": 300, "epochs": 2, "check_counts": 1}, 4, seed=0).run()
+    violations = result["schedule"]["violations"]
+    assert any("read hold count" in v for v in violations), violations
+    assert any("completed before the earlier holder" in v for v in violations), violations

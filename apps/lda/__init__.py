@@ -52,13 +52,14 @@ sums.
 
 **After a SCAR partial recovery** (``--partial-recovery``) the lost shards' counts are back at a checkpoint
 while every ``z`` kept going, so the driver recounts (thesis §5.4.1: recount what can be recounted): it stops
-dispatching rounds (ahead too), waits for the running ones (those dispatched ahead included), then every executor adds its recomputed block counts and
-topic totals into keys of that recount (``("rc", n, b)``, ``("rc", n)``), and the checkers set ``("wt", b)``,
-``("hold", b)`` and ``("totals",)`` to the recounted values and the check sums ``("zc", b)`` to zero (a
-checkpoint taken during a check holds partial sums); then the rotation goes on where it stopped. Hold counts read stale
-before the recount are listed as ``stale_holds``, not as violations, and an epoch with a task that completed
-before the recount ended does not check its topic totals against its blocks' column sums (``stale_epochs``):
-those sums may hold a restored shard's counts; the next epoch's check covers them again.
+dispatching rounds (ahead too), waits for the running ones (those dispatched ahead included), then every
+executor adds its recomputed block counts and topic totals into keys of that recount (``("rc", n, b)``,
+``("rc", n)``), and the checkers set ``("wt", b)``, ``("hold", b)`` and ``("totals",)`` to the recounted values
+and the check sums ``("zc", b)`` to zero (a checkpoint taken during a check holds partial sums); then the
+rotation goes on where it stopped. Hold counts read stale before the recount are listed as ``stale_holds``, not
+as violations, and an epoch with a task that completed before the recount ended does not check its topic totals
+against its blocks' column sums (``stale_epochs``): those sums may hold a restored shard's counts; the next
+epoch's check covers them again.
 
 **Log-likelihood** (the standard collapsed joint ``log p(w, z | α, β)``) is computed without a barrier:
 an executor's last round of an epoch returns its documents' part, the last holder of a block in an epoch
@@ -81,6 +82,7 @@ import functools
 import importlib
 import math
 import time
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -120,6 +122,7 @@ class LDAExecutor(litz.Executor):
     z: np.ndarray | None = None  # topic of each token, in layout order (int16): the executor's state
     ndk: np.ndarray | None = None  # doc-topic counts (docs x K, int16 or int32): rebuilt from z on arrival
     next_round: int = 0  # the round this executor expects next (a lost or repeated task shows)
+    last_delta: np.ndarray | None = None  # the change of the topic totals of round next_round - 1 (ahead=1 adds it)
 
     def load_input(self) -> None:
         self.settings = Settings.from_config(self.config)
@@ -203,7 +206,7 @@ class LDAExecutor(litz.Executor):
                 "nk": np.bincount(self.z, minlength=self.K).astype(np.int64)}
 
     def _sample(self, rnd: int, block: int, totals: np.ndarray, ll_doc: bool, ll_word: bool,
-                counts: bool = False) -> dict[str, Any]:
+                counts: bool = False, own: bool = False) -> dict[str, Any]:
         if rnd != self.next_round:
             raise RuntimeError(f"executor {self.executor_id} got round {rnd}, expected {self.next_round}: "
                                f"a task was lost or ran twice")
@@ -216,6 +219,8 @@ class LDAExecutor(litz.Executor):
             wt_ps = np.ascontiguousarray(wt_ps, np.int32)
         wt_ps.flags.writeable = False  # as ps_get hands it out: one compiled kernel (numba types read-only apart)
         nk = np.array(totals, dtype=np.int64)  # the driver's, a function of the schedule (see LDADriver._totals)
+        if own:  # ahead=1: the driver could not count my previous round, still running when it dispatched this one
+            nk += self.last_delta
         ndk = self._doc_topics()
         r0, r1 = self._runs(block)
         seed = np.uint64(kernels.task_seed(s.sampler_seed, self.executor_id, rnd))
@@ -223,7 +228,7 @@ class LDAExecutor(litz.Executor):
             L.word, self.z, L.run_doc, L.run_ptr, r0, r1, ndk, wt_ps, nk, L.doc_len, s.alpha, s.beta,
             s.beta * self.num_words, seed, bool(ll_doc), bool(ll_word))
         self.ps_update_many([(("wt", block), kernels.compact_delta(delta, lo, hi)), (("hold", block), 1)])
-        self.next_round = rnd + 1
+        self.next_round, self.last_delta = rnd + 1, nk_delta
         out: dict[str, Any] = {"kind": "sample", "executor": self.executor_id, "round": rnd, "block": block,
                                "hold": int(hold or 0), "tokens": int(L.run_ptr[r1] - L.run_ptr[r0]),
                                "changed": int(changed), "nk_delta": nk_delta}
@@ -367,6 +372,7 @@ class LDADriver(litz.Driver):
         self.last_start = [0] * self.B  # latest dispatch event per block
         self.last_end = [0] * self.B  # latest completion event per block
         self.overlaps = 0
+        self.holders: list[deque] = [deque() for _ in range(self.B)]  # dispatched, not completed: (round, executor)
         self.checking = False  # a counts check (a barrier) is under way
         self.recount: dict | None = None  # after a partial recovery until the counts are recounted
         self.recounts: list[dict] = []
@@ -389,6 +395,16 @@ class LDADriver(litz.Driver):
         self.tot_exec = [nk0] * E  # the totals of each clock (never changed in place)
         self.tot_block = [nk0] * self.B
         self.epoch_totals = np.array(nk0)  # after every task of the epochs done so far
+        self.ahead = s.ahead
+        if self.ahead:  # the clocks of the tasks dispatched last (see _try_ahead); busy counts tasks in flight
+            self.done = np.full(E, -1, np.int64)  # per executor, its last completed round
+            self.anc_exec = np.full((E, E), -1, np.int64)  # the tasks before executor e's last dispatched task
+            self.anc_block = np.full((self.B, E), -1, np.int64)  # ... before block b's last dispatched holder
+            self.last_holder: list[tuple[int, int] | None] = [None] * self.B  # (round, executor)
+            self.tid_exec: list[int | None] = [None] * E  # task ids of the same
+            self.tid_block: list[int | None] = [None] * self.B
+            self.ref_clock = np.full((E, E), -1, np.int64)  # the totals clock of e's last dispatched task
+            self.ref_totals = [nk0] * E  # and its totals
         state = [i["state_bytes"] for i in self.infos.values()]
         self.state_bytes = {"max": max(state), "total": sum(state),
                             "memory_max": max(i["memory_bytes"] for i in self.infos.values())}
@@ -415,6 +431,9 @@ class LDADriver(litz.Driver):
         return None
 
     def _try(self, e: int) -> None:
+        if self.ahead:
+            self._pump([e])
+            return
         r = self.next_round[e]
         if self.busy[e] or r >= self.round_limit or self.recount is not None:
             return
@@ -429,7 +448,67 @@ class LDADriver(litz.Driver):
         last_of_epoch = nxt is None or nxt[0] // self.B != r // self.B
         every = self.s.recovery_every
         counts = last_of_epoch and every > 0 and (r // self.B + 1) % every == 0
+        self.holders[b].append((r, e))
         self.dispatch_task(e, ("sample", r, b, self._totals(e, b), r % self.B == self.B - 1, last_of_epoch, counts))
+
+    def _pump(self, executors: list[int]) -> None:
+        """``ahead=1``: dispatch what became ready among the next tasks of ``executors``, and after each dispatch
+        the next tasks of its executor and of its block's next holder (their predecessors may all be dispatched
+        now)."""
+        todo = list(executors)
+        while todo:
+            e = todo.pop()
+            b = self._try_ahead(e)
+            if b is not None:
+                todo.append(e)
+                nxt = self.block_next[b]
+                if nxt is not None:
+                    todo.append(nxt[1])
+
+    def _try_ahead(self, e: int) -> int | None:
+        """Dispatch executor ``e``'s next task T = (e, r) on block b if its predecessors P1 = (e, r - 1) and P2 = b's
+        previous holder are dispatched and every task before T in the schedule but P1 and P2 has completed (the
+        lookahead is one deep); return b if it did.
+
+        The tasks before T but P1 and P2 are the tasks before P1 and those before P2 (their clocks' join, kept per
+        executor and block for the last dispatched task): T samples with their totals, a function of the schedule
+        only, plus (``own``) its executor's change of round r - 1 where that is not among them."""
+        r = self.next_round[e]
+        if r >= self.round_limit or self.recount is not None:
+            return None
+        b = (e + r) % self.B
+        if self.block_next[b] != (r, e):  # P2 is not dispatched yet
+            return None
+        clock = np.maximum(self.anc_exec[e], self.anc_block[b])
+        if (self.done < clock).any():  # one deep: P1's or P2's own predecessors still run
+            return None
+        ref, totals = self.ref_clock[e], self.ref_totals[e]  # e's previous task's clock, contained in this one
+        for x in np.flatnonzero(clock != ref).tolist():
+            cum = self.cum[x]
+            totals = totals + cum[int(clock[x])] - cum[int(ref[x])]
+        self.ref_clock[e], self.ref_totals[e] = clock, totals
+        before = np.array(clock)  # the tasks before T: those before P1 and P2, and P1 and P2
+        if r > 0:
+            before[e] = max(before[e], r - 1)
+        p2 = self.last_holder[b]
+        if p2 is not None:
+            before[p2[1]] = max(before[p2[1]], p2[0])
+        self.anc_exec[e] = self.anc_block[b] = before
+        after = [t for t in (self.tid_exec[e], self.tid_block[b]) if t is not None]
+        nxt = self._holder_after(b, r, e)
+        last_of_epoch = nxt is None or nxt[0] // self.B != r // self.B
+        every = self.s.recovery_every
+        counts = last_of_epoch and every > 0 and (r // self.B + 1) % every == 0
+        own = r > 0 and clock[e] < r - 1
+        tid = self.dispatch_task(e, ("sample", r, b, totals, r % self.B == self.B - 1, last_of_epoch, counts, own),
+                                 after=after)
+        self.tid_exec[e] = self.tid_block[b] = tid
+        self.last_holder[b] = (r, e)
+        self.next_round[e] = r + 1
+        self.block_next[b] = nxt
+        self.busy[e] += 1
+        self.holders[b].append((r, e))
+        return b
 
     def _clock(self, e: int, b: int) -> tuple[np.ndarray, np.ndarray]:
         """Per executor, its last round that precedes executor ``e``'s next task on block ``b`` in the schedule
@@ -468,8 +547,14 @@ class LDADriver(litz.Driver):
 
     def _sampled(self, res: dict) -> None:
         e, r, b = res["executor"], res["round"], res["block"]
-        if self.held[b] != e:
-            self.violations.append(f"block {b} completed by executor {e} but held by {self.held[b]}")
+        holders = self.holders[b]
+        if holders and holders[0] == (r, e):
+            holders.popleft()
+        else:  # it completed before an earlier holder of its block: it ran before that one's updates were in
+            self.violations.append(f"block {b}: executor {e}'s round {r} completed before the earlier holder "
+                                   f"{holders[0] if holders else None} (round, executor)")
+            if (r, e) in holders:
+                holders.remove((r, e))
         if res["hold"] != self.holds_seen[b]:
             if self.recount is not None:  # read from a restored shard: the recount resets it
                 self.stale_holds += 1
@@ -477,17 +562,23 @@ class LDADriver(litz.Driver):
                 self.violations.append(f"block {b}, round {r}, executor {e} read hold count {res['hold']}, "
                                        f"expected {self.holds_seen[b]}")
         self.holds_seen[b] += 1
-        self.events += 1
-        start = self.open_holds.pop((b, r, e))
-        if start <= self.last_end[b] or self.last_start[b] != start:  # it began before the last one ended,
-            self.overlaps += 1                                         # or another began while it was held
-            self.violations.append(f"block {b}: the hold of executor {e} in round {r} overlaps another")
-        self.last_end[b] = self.events
-        self.held[b] = None
-        self.busy[e] = False
-        self.next_round[e] = r + 1
-        self._count_totals(e, r, b, res["nk_delta"])
-        self.block_next[b] = self._holder_after(b, r, e)
+        if self.ahead:  # a hold began when the runtime released the task: the driver saw neither that nor its end
+            self.busy[e] -= 1
+            self._count_ahead(e, r, res["nk_delta"])
+        else:
+            if self.held[b] != e:
+                self.violations.append(f"block {b} completed by executor {e} but held by {self.held[b]}")
+            self.events += 1
+            start = self.open_holds.pop((b, r, e))
+            if start <= self.last_end[b] or self.last_start[b] != start:  # it began before the last one ended,
+                self.overlaps += 1                                         # or another began while it was held
+                self.violations.append(f"block {b}: the hold of executor {e} in round {r} overlaps another")
+            self.last_end[b] = self.events
+            self.held[b] = None
+            self.busy[e] = False
+            self.next_round[e] = r + 1
+            self._count_totals(e, r, b, res["nk_delta"])
+            self.block_next[b] = self._holder_after(b, r, e)
         self.compute_s += res["seconds"]
         self.compute_cpu_s += res["cpu_s"]
         epoch = r // self.B
@@ -512,10 +603,40 @@ class LDADriver(litz.Driver):
             parts["topic_word"][:, res["words"]] = res["wt"].T
         if parts["tasks"] == self.num_executors * self.B:
             self._epoch_done(epoch, self.epoch_parts.pop(epoch))  # may start a check round (a barrier)
-        self._try(e)
-        if self.block_next[b] is not None:
-            self._try(self.block_next[b][1])
+        if self.ahead:
+            self._pump(self._after_done(e, r, b))
+        else:
+            self._try(e)
+            if self.block_next[b] is not None:
+                self._try(self.block_next[b][1])
         self._maybe_recount()
+
+    def _after_done(self, e: int, r: int, b: int) -> list[int]:
+        """``ahead=1``: the executors whose next task may have become ready when (e, r) on block b completed: those of
+        its successors (e's next round, b's next holder) and of theirs. A task is dispatched once every task before
+        it but its two predecessors has completed, so the last of them to complete is a predecessor's predecessor."""
+        B = self.B
+
+        def successors(x: int, q: int) -> list[tuple[int, int]]:  # (executor, round): x's next, the block's next
+            nxt = self._holder_after((x + q) % B, q, x)
+            return [(x, q + 1)] + ([(nxt[1], nxt[0])] if nxt is not None else [])
+
+        out = []
+        for x, q in successors(e, r):
+            out.append(x)
+            out += [y for y, _ in successors(x, q)]
+        return out
+
+    def _count_ahead(self, e: int, r: int, nk_delta: np.ndarray) -> None:
+        """``ahead=1``: executor ``e``'s round ``r`` is done: its changes join the totals of the tasks dispatched
+        after every predecessor of one of its successors has completed."""
+        self.done[e] = r
+        mine = self.cum[e]
+        mine[r] = mine[r - 1] + nk_delta
+        if len(mine) > 2 * self.B + 2:  # rounds no later task's clock can name: below every executor's last clock
+            oldest = int(self.ref_clock[:, e].min())
+            for old in [x for x in mine if x < oldest]:
+                del mine[old]
 
     def _count_totals(self, e: int, r: int, b: int, nk_delta: np.ndarray) -> None:
         """Executor ``e``'s round ``r`` (on block ``b``) is done: its changes join the totals of the tasks after it."""
@@ -665,6 +786,10 @@ class LDADriver(litz.Driver):
     def _schedule_summary(self) -> dict:
         for b, r, e in self.open_holds:
             self.violations.append(f"block {b} is still held by executor {e} (round {r}) at the end")
+        if self.ahead:
+            for b, holders in enumerate(self.holders):
+                for r, e in holders:
+                    self.violations.append(f"block {b} is still held by executor {e} (round {r}) at the end")
         return {"holds": sum(self.holds_seen), "expected_holds": self.num_executors * self.total_rounds,
                 "overlaps": self.overlaps, "violations": list(self.violations), "stale_holds": self.stale_holds,
                 "stale_epochs": self.stale_epochs}

@@ -21,6 +21,7 @@ DEFAULTS: dict[str, Any] = {
     "topics": 20, "alpha": 0.1, "beta": 0.01, "epochs": 20, "blocks": None, "seed": 0, "chain_seed": None,
     # outputs and checks
     "output": None, "top_words": 10, "check_counts": False, "recovery_every": 0,
+    "ahead": False,  # dispatch each round once its two predecessors are dispatched, with after= (see apps/lda)
 }
 
 
@@ -45,6 +46,7 @@ class Settings:
     top_words: int
     check_counts: bool
     recovery_every: int
+    ahead: bool
 
     @classmethod
     def from_config(cls, config: dict | None) -> Settings:
@@ -60,6 +62,7 @@ class Settings:
             "chain_seed": _opt_int(v, "chain_seed", 0),
             "output": _path(v, "output"), "top_words": _int(v, "top_words", 0),
             "check_counts": _bool(v, "check_counts"), "recovery_every": _int(v, "recovery_every", 0),
+            "ahead": _bool(v, "ahead"),
         }
         if out["synthetic"] == (out["corpus"] is not None):
             raise ConfigError("apps.lda needs exactly one of config 'corpus' (a UCI bag-of-words docword.txt) "
