@@ -405,6 +405,7 @@ class LDADriver(litz.Driver):
             self.tid_block: list[int | None] = [None] * self.B
             self.ref_clock = np.full((E, E), -1, np.int64)  # the totals clock of e's last dispatched task
             self.ref_totals = [nk0] * E  # and its totals
+        self.dispatched_ahead = 0  # rounds dispatched before a predecessor completed
         state = [i["state_bytes"] for i in self.infos.values()]
         self.state_bytes = {"max": max(state), "total": sum(state),
                             "memory_max": max(i["memory_bytes"] for i in self.infos.values())}
@@ -500,6 +501,8 @@ class LDADriver(litz.Driver):
         every = self.s.recovery_every
         counts = last_of_epoch and every > 0 and (r // self.B + 1) % every == 0
         own = r > 0 and clock[e] < r - 1
+        if self.done[e] < r - 1 or (p2 is not None and self.done[p2[1]] < p2[0]):
+            self.dispatched_ahead += 1  # a predecessor still runs: without ahead=1 it would wait for the master
         tid = self.dispatch_task(e, ("sample", r, b, totals, r % self.B == self.B - 1, last_of_epoch, counts, own),
                                  after=after)
         self.tid_exec[e] = self.tid_block[b] = tid
@@ -792,6 +795,7 @@ class LDADriver(litz.Driver):
                     self.violations.append(f"block {b} is still held by executor {e} (round {r}) at the end")
         return {"holds": sum(self.holds_seen), "expected_holds": self.num_executors * self.total_rounds,
                 "overlaps": self.overlaps, "violations": list(self.violations), "stale_holds": self.stale_holds,
+                "dispatched_ahead": self.dispatched_ahead,
                 "stale_epochs": self.stale_epochs}
 
     def _finish(self) -> None:
