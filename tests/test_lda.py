@@ -370,6 +370,7 @@ class AfterInProcess(inprocess.InProcess):
         self.completed: set[int] = set()
         self.next_tid = 0
         self.lose_at, self.saved, self.lost = lose_at, None, False
+        self.kinds: list[str] = []  # the kind of every task completed, and "lost" where the partial recovery came
 
     def dispatch_task(self, executor: int, args: object, after=None) -> int:
         tid, self.next_tid = self.next_tid, self.next_tid + 1
@@ -399,6 +400,7 @@ class AfterInProcess(inprocess.InProcess):
                     task[2].discard(tid)
                     if not task[2]:
                         task[3] = dict(self.ps)
+            self.kinds.append(result["kind"])
             self.driver.handle_task_completion(result)
             if self.lose_at is not None and len(self.completed) == self.lose_at // 2:
                 self.saved = dict(self.ps)
@@ -409,6 +411,7 @@ class AfterInProcess(inprocess.InProcess):
                         self.ps[key] = self.saved[key]
                     else:
                         del self.ps[key]
+                self.kinds.append("lost")
                 self.driver.handle_partial_recovery({"lost": ["s1"]})
         assert not self.tasks
         return self.result
@@ -495,12 +498,16 @@ def test_ahead_totals_are_those_of_the_tasks_before_but_the_two_predecessors(mon
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("executors, blocks", [(5, None), (3, 7), (7, 3)])
 def test_ahead_recount_after_a_partial_recovery_in_process(executors, blocks) -> None:
-    """A partial recovery while tasks are dispatched ahead: the driver stops dispatching, waits for every task in
-    flight (those sent ahead too), recounts, and every counts check after it holds."""
+    """A partial recovery while tasks are dispatched ahead, a third into the second epoch: the driver stops
+    dispatching, waits for the tasks in flight (at most two an executor), recounts, and every counts check after
+    it holds."""
     config = {**SMALL, "docs": 300, "epochs": 4, "check_counts": 1, **({"blocks": blocks} if blocks else {})}
-    B = blocks or executors
+    E, B = executors, blocks or executors
     for seed in range(2):
-        result = ahead_in_process(config, executors, seed, lose_at=executors * B + B).run()
+        run = ahead_in_process(config, E, seed, lose_at=E + E * B + 2 * E + E * B // 3)  # inits, epoch, checks
+        result = run.run()
+        after = run.kinds[run.kinds.index("lost"):run.kinds.index("recount")]
+        assert after.count("sample") <= 2 * E, after  # only those in flight at the loss
         assert len(result["recounts"]) == 1 and result["recounts"][0]["entries_fixed"] > 0, result["recounts"]
         assert result["counts_ok"] is True and len(result["counts_checks"]) == 4, result["counts_checks"]
         sched = result["schedule"]
@@ -544,3 +551,32 @@ def test_ahead_through_litz_run_keeps_the_counts_and_the_same_seed_gives_the_sam
     check_invariant(one, 4, 8)
     assert [h["log_likelihood"] for h in one["history"]] == [h["log_likelihood"] for h in first["history"]]
     np.testing.assert_array_equal(np.load(tmp_path / "b.npz")["topic_word"], np.load(model)["topic_word"])
+
+
+@pytest.mark.timeout(200)  # more than the waits and litzctl calls inside add up to
+def test_ahead_killed_server_with_partial_recovery_recounts_the_counts(tmp_path) -> None:
+    """ahead=1 and SCAR partial recovery: the driver stops dispatching ahead, waits for the rounds in flight (held
+    on their workers or at the master), recounts, and the counts invariant holds for every epoch after."""
+    name, m, out, ckpt = "lda-ahead-partial", tmp_path / "m.jsonl", tmp_path / "out.json", tmp_path / "ckpt"
+    with Processes() as procs:
+        job = procs.start(endless(name, 6, "ahead=1", "--servers", "2", "--metrics", str(m), "--output", str(out),
+                                  "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2", "--partial-recovery"))
+
+        def checkpointed():
+            return counts_reports(m) and ckpt.is_dir() and any(p.name.startswith("ckpt-") for p in ckpt.iterdir())
+
+        wait_for(checkpointed, 20, "a checked epoch and a checkpoint")
+        wait_for_more_checks(m, len(counts_reports(m)), 1, 10)  # the counts move on past the checkpoint
+        assert ctl(name, "kill", "s1").returncode == 0
+        recount = wait_for(lambda: [r for r in metrics(m) if "recounts" in r], 20, "the recount")[0]
+        wait_for(lambda: [r for r in counts_reports(m) if r["time"] > recount["time"]][1:], 20,
+                 "two epochs checked after the recount")
+        assert ctl(name, "stop").returncode == 0
+        _, stderr = job.communicate(timeout=15)
+        assert job.returncode == 0, stderr
+    check_reports(m)
+    events = json.loads(out.read_text())["events"]
+    assert [e["lost"] for e in events if e["kind"] == "partial_recovery"] == [["s1"]], events
+    recounts = [r for r in metrics(m) if "recounts" in r]
+    assert len(recounts) == 1 and recounts[0]["recount_fixed"] > 0, recounts
+    assert max(r.get("dispatched_ahead", 0) for r in metrics(m)) > 0  # rounds went out before a predecessor ended

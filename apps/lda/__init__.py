@@ -721,8 +721,9 @@ class LDADriver(litz.Driver):
         if "topic_word" in parts:
             entry["topic_recovery"] = topic_recovery(parts["topic_word"], self._truth())
         self.history.append(entry)
+        ahead = {"dispatched_ahead": self.dispatched_ahead} if self.ahead else {}
         self.report(**{k: (round(v, 6) if isinstance(v, float) else v) for k, v in entry.items()},
-                    schedule_violations=len(self.violations))
+                    schedule_violations=len(self.violations), **ahead)
         if self.recount is not None:
             self.recount["then"] = epoch  # check or finish with the recounted counts
         else:
