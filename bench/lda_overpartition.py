@@ -37,6 +37,7 @@ import sys
 import tempfile
 
 import _table
+import lda_vs_tomotopy as lvt
 
 import litz
 
@@ -90,7 +91,10 @@ def main() -> int:
                     help="rounds of the 3.6M-token corpus at 1 and 16 per worker (default: --repeats; 0 skips)")
     ap.add_argument("--mid-repeats", type=int, default=None,
                     help="rounds of the 14.4M-token corpus at 1 and 16 per worker (default: --repeats; 0 skips)")
+    ap.add_argument("--ahead", choices=("0", "1", "both"), default="0", help=lvt.AHEAD_HELP)
     args = ap.parse_args()
+    modes = list(lvt.ahead_modes(args.ahead).values())  # [0], [1] or [0, 1]
+    config_of = {a: {"ahead": a} for a in modes}
     repeats = args.repeats or (1 if args.quick else 4)
     epochs = args.epochs or (5 if args.quick else 12)
     config = {**(QUICK if args.quick else FULL), "epochs": epochs}
@@ -103,21 +107,26 @@ def main() -> int:
                      for name, (cfg, n) in extra_corpora.items()}
 
     runs: dict[int, list] = {k: [] for k in PER_WORKER}
+    ahead_runs: dict[int, list] = {k: [] for k in PER_WORKER}  # --ahead both: the ahead=1 run beside each
     for i in range(repeats):
         for k in _round_order(PER_WORKER, i):
-            r = run_lda(k * WORKERS, config)
-            runs[k].append(r)
-            print(f"round {i + 1}/{repeats} {k:2d}/worker: epoch {r['epoch_s'] * 1e3:7.1f} ms, elapsed "
-                  f"{r['elapsed_s']:.2f} s, {r['tasks']} tasks, LL/token {r['ll_per_token']:.4f}", flush=True)
+            for a in (modes if i % 2 == 0 else modes[::-1]):
+                r = run_lda(k * WORKERS, {**config, **config_of[a]})
+                (ahead_runs if a and len(modes) == 2 else runs)[k].append(r)
+                print(f"round {i + 1}/{repeats} {k:2d}/worker ahead={a}: epoch {r['epoch_s'] * 1e3:7.1f} ms, "
+                      f"elapsed {r['elapsed_s']:.2f} s, {r['tasks']} tasks, LL/token {r['ll_per_token']:.4f}",
+                      flush=True)
 
     extra: dict[str, dict[int, list]] = {name: {1: [], 16: []} for name in extra_corpora}
+    extra_ahead: dict[str, dict[int, list]] = {name: {1: [], 16: []} for name in extra_corpora}
     for name, (cfg, rounds) in extra_corpora.items():
         for i in range(rounds):
             for k in _round_order((1, 16), i):
-                r = run_lda(k * WORKERS, cfg)
-                extra[name][k].append(r)
-                print(f"{_tokens(cfg)}, round {i + 1}/{rounds} {k:2d}/worker: epoch {r['epoch_s'] * 1e3:7.1f} ms, "
-                      f"{r['tasks']} tasks", flush=True)
+                for a in (modes if i % 2 == 0 else modes[::-1]):
+                    r = run_lda(k * WORKERS, {**cfg, **config_of[a]})
+                    (extra_ahead if a and len(modes) == 2 else extra)[name][k].append(r)
+                    print(f"{_tokens(cfg)}, round {i + 1}/{rounds} {k:2d}/worker ahead={a}: "
+                          f"epoch {r['epoch_s'] * 1e3:7.1f} ms, {r['tasks']} tasks", flush=True)
 
     med = {k: statistics.median(r["epoch_s"] for r in runs[k]) for k in PER_WORKER}
     rel = {k: statistics.median(_round_ratios(runs[k], runs[1])) for k in PER_WORKER}
@@ -137,8 +146,21 @@ def main() -> int:
             summary[name] = {"config": cfg, "epoch_s": em, "ratio_16_vs_1": statistics.median(paired),
                              "round_ratios": [round(x, 4) for x in paired], "ratio_of_medians": em[16] / em[1],
                              "ms_per_round": {k: 1e3 * em[k] / (k * WORKERS) for k in em}, "runs": extra[name]}
+    if len(modes) == 2:  # the same figures with ahead=1, and its paired ratio to ahead=0 per count
+        sets = {"main": (ahead_runs, runs, PER_WORKER), **{name: (extra_ahead[name], extra[name], (1, 16))
+                                                           for name, (_, rounds) in extra_corpora.items() if rounds}}
+        summary["ahead"] = {}
+        for name, (ah, base, counts) in sets.items():
+            em = {k: statistics.median(r["epoch_s"] for r in ah[k]) for k in counts}
+            vs = {k: statistics.median(_round_ratios(ah[k], base[k])) for k in counts}
+            r16 = statistics.median(_round_ratios(ah[16], ah[1]))
+            summary["ahead"][name] = {"epoch_s": em, "ratio_16_vs_1": r16, "ahead_vs_not": vs, "runs": ah}
+            print(f"ahead=1, {name}: epoch ms " + ", ".join(f"{k}/w {em[k] * 1e3:.0f}" for k in counts)
+                  + f"; 16 vs 1: {r16:.2f}x paired; ahead=1 / ahead=0 per count: "
+                  + ", ".join(f"{k}/w {vs[k]:.3f}x" for k in counts))
     doc = {"target": "LDA epoch time with 16 executors/worker <= 1.10x that with 1/worker (paper 1.23x)",
-           "workers": WORKERS, "servers": 1, "config": config, "met": met, "summary": summary, "runs": runs}
+           "workers": WORKERS, "servers": 1, "config": config, "met": met, "summary": summary, "runs": runs,
+           "ahead": modes if len(modes) == 2 else modes[0]}
     path = _table.write_result("lda_overpartition", doc, quick=args.quick)
     line = ", ".join(f"{k}: {med[k] * 1e3:.0f}" for k in PER_WORKER)
     print(f"epoch ms per executors/worker {line}; 16 vs 1: {rel[16]:.2f}x paired, {of_medians[16]:.2f}x of medians "

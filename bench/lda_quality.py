@@ -57,31 +57,33 @@ def mean_curve(runs: list[dict]) -> list[float]:
     return [statistics.mean(c) for c in zip(*(r["curve"] for r in runs), strict=True)]
 
 
-def recovery_part(quick: bool, seeds: int) -> tuple[dict, dict]:
+def recovery_part(quick: bool, seeds: int, modes: dict[str, int]) -> tuple[dict, dict]:
     s = Settings.from_config({"synthetic": 1, **(RECOVERY_QUICK if quick else RECOVERY), "alpha": 0.1, "beta": 0.01})
     doc, word = data.synthetic_corpus(s)
     truth = data.synthetic_topics(s.vocab, s.topics, s.gen_beta, s.seed)
     docs = lvt.docs_as_lists(doc, word, s.docs)
     print(f"recovery: {s.docs} documents, {len(doc)} tokens, K={s.topics}, {s.epochs} sweeps, seeds 1..{seeds}",
           flush=True)
-    runs: dict[str, list[dict]] = {"tomotopy": [], **{f"litz_e{e}": [] for e in EXECUTORS}}
+    names = {f"litz_e{e}" + ("_ahead" if lz == "litz_ahead" else ""): (e, ahead)
+             for e in EXECUTORS for lz, ahead in modes.items()}  # litz_e2 (and litz_e2_ahead with --ahead both)
+    runs: dict[str, list[dict]] = {"tomotopy": [], **{name: [] for name in names}}
     for seed in range(1, seeds + 1):
         for name in runs:
             if name == "tomotopy":
                 r = lvt.run_tomotopy(s, docs, truth, seed, per_sweep=True)
             else:
-                r = lvt.run_litz(s, int(name.split("_e")[1]), seed, per_sweep=True)
+                r = lvt.run_litz(s, names[name][0], seed, per_sweep=True, ahead=names[name][1])
             r["seed"] = seed
             runs[name].append(r)
             c = r["curve"]
-            print(f"  seed {seed} {name:9s} recovery at sweep 10 {c[min(9, len(c) - 1)]:.3f}, last {c[-1]:.3f}, "
+            print(f"  seed {seed} {name:15s} recovery at sweep 10 {c[min(9, len(c) - 1)]:.3f}, last {c[-1]:.3f}, "
                   f"LL/token {r['ll_per_token']:.4f}", flush=True)
     means = {name: mean_curve(rows) for name, rows in runs.items()}
     tomo = means["tomotopy"]
     gaps = {name: min(a - b for a, b in zip(m, tomo, strict=True)) for name, m in means.items() if name != "tomotopy"}
     met = all(g >= -TOLERANCE for g in gaps.values())
     doc_out = {"config": {**(RECOVERY_QUICK if quick else RECOVERY), "tokens": int(len(doc)), "seeds": seeds,
-                          "executors": list(EXECUTORS)},
+                          "executors": list(EXECUTORS), "ahead": modes},
                "mean_curve": means, "worst_gap": gaps, "met": met,
                "median_final": {n: statistics.median(r["curve"][-1] for r in rows) for n, rows in runs.items()},
                "mean_ll_per_token": {n: statistics.mean(r["ll_per_token"] for r in rows) for n, rows in runs.items()},
@@ -97,6 +99,11 @@ def recovery_part(quick: bool, seeds: int) -> tuple[dict, dict]:
            f"tomotopy (2 threads) {pts(tomo)}",
            "worst sweep " + ", ".join(f"{gaps[f'litz_e{e}']:+.3f}" for e in EXECUTORS),
            f">= tomotopy - {TOLERANCE} at every sweep", _table.yes_no(met), _table.today()]
+    for e in EXECUTORS:
+        if f"litz_e{e}_ahead" in means:
+            print(f"recovery, {e} executors: ahead=1 {pts(means[f'litz_e{e}_ahead'])}, ahead=0 "
+                  f"{pts(means[f'litz_e{e}'])}, tomotopy {pts(tomo)} (sweeps {label}); worst gap to tomotopy "
+                  f"{gaps[f'litz_e{e}_ahead']:+.3f} vs {gaps[f'litz_e{e}']:+.3f}")
     return doc_out, {"lda_quality recovery per sweep": row}
 
 
@@ -110,8 +117,9 @@ def write_docword(path: str, doc: np.ndarray, word: np.ndarray, num_docs: int, v
     return len(pairs)
 
 
-def small_litz(path: str, s: Settings, seed: int, out: str) -> dict:
-    config = {"corpus": path, "topics": s.topics, "alpha": s.alpha, "beta": s.beta, "epochs": s.epochs, "seed": seed}
+def small_litz(path: str, s: Settings, seed: int, out: str, ahead: int) -> dict:
+    config = {"corpus": path, "topics": s.topics, "alpha": s.alpha, "beta": s.beta, "epochs": s.epochs, "seed": seed,
+              "ahead": ahead}
     t0 = time.perf_counter()
     r = litz.run("apps.lda", workers=lvt.WORKERS, servers=1, executors=2, config=config, progress=False,
                  output=out, name=f"bench-lda-small-{os.getpid()}")
@@ -122,11 +130,11 @@ def small_litz(path: str, s: Settings, seed: int, out: str) -> dict:
             "epoch_s_median": statistics.median(h["seconds"] for h in r["history"])}
 
 
-def small_cli(path: str, s: Settings, seed: int) -> float:
+def small_cli(path: str, s: Settings, seed: int, ahead: int) -> float:
     """``litz run`` from a shell: its own interpreter, litz's and the app's imports (numba's too) included."""
     cmd = [sys.executable, "-m", "litz.cli.litz", "run", "apps.lda", "--no-progress", "--workers", str(lvt.WORKERS),
            "--executors", "2", "--config", f"corpus={path}", f"topics={s.topics}", f"alpha={s.alpha}",
-           f"beta={s.beta}", f"epochs={s.epochs}", f"seed={seed}"]
+           f"beta={s.beta}", f"epochs={s.epochs}", f"seed={seed}", f"ahead={ahead}"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     took = time.perf_counter() - t0
@@ -135,25 +143,26 @@ def small_cli(path: str, s: Settings, seed: int) -> float:
     return took
 
 
-def small_part(quick: bool, repeats: int) -> tuple[dict, dict]:
+def small_part(quick: bool, repeats: int, modes: dict[str, int]) -> tuple[dict, dict]:
     cfg = SMALL_QUICK if quick else SMALL
     s = Settings.from_config({"synthetic": 1, **cfg, "seed": 0})
     doc, word = data.synthetic_corpus(s)
     truth = data.synthetic_topics(s.vocab, s.topics, s.gen_beta, s.seed)
     docs = lvt.docs_as_lists(doc, word, s.docs)
-    runs: dict[str, list[dict]] = {"litz": [], "tomotopy": []}
+    runs: dict[str, list[dict]] = {**{name: [] for name in modes}, "tomotopy": []}
     with tempfile.TemporaryDirectory(prefix="lda-small-") as tmp:
         path = os.path.join(tmp, "docword.small.txt")
         nnz = write_docword(path, doc, word, s.docs, s.vocab)
         print(f"small: {s.docs} documents, {len(doc)} tokens ({nnz} doc-word entries), vocabulary {s.vocab}, "
               f"K={s.topics}, {s.epochs} sweeps", flush=True)
-        small_litz(path, s, 0, os.path.join(tmp, "warm.json"))  # untimed: numba's cache filled, files in page cache
+        small_litz(path, s, 0, os.path.join(tmp, "warm.json"), 0)  # untimed: numba's cache, files in page cache
+        order = [*modes, "tomotopy"]
         for i in range(repeats):
-            for system in (("litz", "tomotopy") if i % 2 == 0 else ("tomotopy", "litz")):
-                if system == "litz":
-                    r = small_litz(path, s, i + 1, os.path.join(tmp, "out.json"))
-                    r["cli_s"] = small_cli(path, s, i + 1)
-                    print(f"  litz      end to end {r['end_to_end_s']:.2f} s (sampling {r['sampling_s']:.2f} s, "
+            for system in (order if i % 2 == 0 else order[::-1]):
+                if system in modes:
+                    r = small_litz(path, s, i + 1, os.path.join(tmp, "out.json"), modes[system])
+                    r["cli_s"] = small_cli(path, s, i + 1, modes[system])
+                    print(f"  {system:10s} end to end {r['end_to_end_s']:.2f} s (sampling {r['sampling_s']:.2f} s, "
                           f"outside {r['outside_sampling_s']:.2f} s; from a shell {r['cli_s']:.2f} s)  "
                           f"LL/token {r['ll_per_token']:.4f}", flush=True)
                 else:
@@ -169,9 +178,18 @@ def small_part(quick: bool, repeats: int) -> tuple[dict, dict]:
     split = {k: statistics.median(r[k] for r in runs["litz"]) for k in ("sampling_s", "outside_sampling_s",
                                                                       "compute_s", "epoch_s_median", "cli_s")}
     doc_out = {"config": {**cfg, "tokens": int(len(doc)), "nnz": nnz, "repeats": repeats, "workers": lvt.WORKERS,
-                          "executors": 2, "threads": lvt.THREADS, "corpus": "generated (synthetic, UCI file)"},
+                          "executors": 2, "threads": lvt.THREADS, "corpus": "generated (synthetic, UCI file)",
+                          "ahead": modes},
                "litz_end_to_end_s": lz, "tomotopy_train_s": tm, "ratio": ratio, "litz_split_s": split,
                "ll_per_token": {"litz": ll_lz, "tomotopy": ll_tm}, "met": met, "runs": runs}
+    if "litz_ahead" in runs:
+        paired = [a["end_to_end_s"] / b["end_to_end_s"] for a, b in zip(runs["litz_ahead"], runs["litz"], strict=True)]
+        la = statistics.median(r["end_to_end_s"] for r in runs["litz_ahead"])
+        ll_la = statistics.median(r["ll_per_token"] for r in runs["litz_ahead"])
+        doc_out["ahead_vs_not"] = {"end_to_end_ratio_paired": paired, "ahead_end_to_end_s": la,
+                                   "ahead_ratio_to_tomotopy": la / tm, "ahead_ll_per_token": ll_la}
+        print(f"small: ahead=1 {la:.2f} s end to end ({la / tm:.2f}x tomotopy), ahead=0 {lz:.2f} s ({ratio:.2f}x); "
+              f"ahead=1 / ahead=0 {statistics.median(paired):.3f}x paired; LL/token {ll_la:.4f} vs {ll_lz:.4f}")
     row = [f"litz.run {lz:.2f} s end to end (sampling {split['sampling_s']:.2f} s, start-up and end "
            f"{split['outside_sampling_s']:.2f} s; `litz run` from a shell {split['cli_s']:.2f} s), "
            f"LL/token {ll_lz:.3f}",
@@ -186,14 +204,16 @@ def main() -> int:
     ap.add_argument("--part", choices=("recovery", "small", "all"), default="all")
     ap.add_argument("--seeds", type=int, help="chain seeds of the recovery part (default 8, quick 2)")
     ap.add_argument("--repeats", type=int, help="rounds of the small part (default 5, quick 1)")
+    ap.add_argument("--ahead", choices=("0", "1", "both"), default="0", help=lvt.AHEAD_HELP)
     args = ap.parse_args()
+    modes = lvt.ahead_modes(args.ahead)
     doc: dict = {"loadavg_start": os.getloadavg()}
     rows: dict = {}
     if args.part in ("recovery", "all"):
-        doc["recovery"], row = recovery_part(args.quick, args.seeds or (2 if args.quick else 8))
+        doc["recovery"], row = recovery_part(args.quick, args.seeds or (2 if args.quick else 8), modes)
         rows.update(row)
     if args.part in ("small", "all"):
-        doc["small"], row = small_part(args.quick, args.repeats or (1 if args.quick else 5))
+        doc["small"], row = small_part(args.quick, args.repeats or (1 if args.quick else 5), modes)
         rows.update(row)
     name = "lda_quality" if args.part == "all" else f"lda_quality_{args.part}"
     path = _table.write_result(name, doc, quick=args.quick)

@@ -77,12 +77,21 @@ def joint_ll(ndk: np.ndarray, nwk: np.ndarray, alpha: float, beta: float) -> flo
     return float(ll)
 
 
-def run_litz(s: Settings, executors: int, chain_seed: int, per_sweep: bool = False) -> dict:
+def ahead_modes(arg: str) -> dict[str, int]:
+    """``--ahead`` as Litz's run names and their ``ahead`` config: ``both`` runs ``litz`` (ahead=0) and
+    ``litz_ahead`` (ahead=1) back to back in every round, so the two compare within one run."""
+    return {"0": {"litz": 0}, "1": {"litz": 1}, "both": {"litz": 0, "litz_ahead": 1}}[arg]
+
+
+AHEAD_HELP = "apps.lda's ahead config (0, 1, or both: each Litz run in both modes, back to back; default 0)"
+
+
+def run_litz(s: Settings, executors: int, chain_seed: int, per_sweep: bool = False, ahead: int = 0) -> dict:
     """One ``litz.run`` of ``apps.lda`` on the synthetic corpus ``s``; ``per_sweep``: topic recovery after every
-    sweep too (``recovery_every=1``, as ``curve``)."""
+    sweep too (``recovery_every=1``, as ``curve``); ``ahead``: the app's ``ahead`` config."""
     config = {"synthetic": 1, "docs": s.docs, "vocab": s.vocab, "topics": s.topics, "doc_length": s.doc_length,
               "alpha": s.alpha, "beta": s.beta, "epochs": s.epochs, "seed": s.seed, "chain_seed": chain_seed,
-              "recovery_every": int(per_sweep)}
+              "recovery_every": int(per_sweep), "ahead": ahead}
     c0, t0 = cpu_seconds(), time.time()
     r = litz.run("apps.lda", workers=WORKERS, servers=1, executors=executors, config=config, progress=False,
                  name=f"bench-lda-{os.getpid()}")
@@ -92,7 +101,7 @@ def run_litz(s: Settings, executors: int, chain_seed: int, per_sweep: bool = Fal
             "tokens_per_s": r["tokens"] * s.epochs / r["sampling_s"],
             "tokens_per_s_per_core": r["tokens"] * s.epochs / r["sampling_s"] / WORKERS,
             "ll_per_token": r["ll_per_token"], "topic_recovery": r["topic_recovery"], "executors": executors,
-            "blocks": r["blocks"], "epoch_s": [round(h["seconds"], 4) for h in r["history"]],
+            "blocks": r["blocks"], "epoch_s": [round(h["seconds"], 4) for h in r["history"]], "ahead": ahead,
             **({"curve": [h["topic_recovery"] for h in r["history"]]} if per_sweep else {})}
 
 
@@ -175,7 +184,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, help="interleaved Litz/tomotopy rounds (default 8, quick 1)")
     ap.add_argument("--executors", type=int, default=2, help="Litz executors (default 2: one per worker, see below)")
     ap.add_argument("--no-lda", action="store_true", help="skip the lda package")
+    ap.add_argument("--ahead", choices=("0", "1", "both"), default="0", help=AHEAD_HELP)
     args = ap.parse_args()
+    modes = ahead_modes(args.ahead)
     repeats = args.repeats or (1 if args.quick else 8)
     s = Settings.from_config({"synthetic": 1, **(QUICK if args.quick else FULL), "alpha": 0.1, "beta": 0.01})
     doc, word = data.synthetic_corpus(s)
@@ -184,17 +195,20 @@ def main() -> int:
     print(f"corpus: {s.docs} documents, {len(doc)} tokens, vocabulary {s.vocab} "
           f"({len(np.unique(word))} used), K={s.topics}, {s.epochs} sweeps", flush=True)
 
-    runs: dict[str, list[dict]] = {"litz": [], "tomotopy": [], "lda": []}
+    runs: dict[str, list[dict]] = {**{name: [] for name in modes}, "tomotopy": [], "lda": []}
 
     def show(r: dict) -> None:
-        print(f"  {r['system']:8s} train {r['train_s']:6.2f} s  {r['tokens_per_s'] / 1e6:6.2f} M tokens/s "
+        system = r["system"] + ("+ahead" if r.get("ahead") else "")
+        print(f"  {system:8s} train {r['train_s']:6.2f} s  {r['tokens_per_s'] / 1e6:6.2f} M tokens/s "
               f"({r['tokens_per_s_per_core'] / 1e6:5.2f} per core)  LL/token {r['ll_per_token']:.4f}  "
               f"recovery {r['topic_recovery']:.3f}  elapsed {r['elapsed_s']:.1f} s", flush=True)
 
     for i in range(repeats):
         print(f"round {i + 1}/{repeats}", flush=True)
-        for system in (("litz", "tomotopy") if i % 2 == 0 else ("tomotopy", "litz")):
-            r = run_litz(s, args.executors, i + 1) if system == "litz" else run_tomotopy(s, docs, truth, i + 1)
+        order = [*modes, "tomotopy"]
+        for system in (order if i % 2 == 0 else order[::-1]):
+            r = run_litz(s, args.executors, i + 1, ahead=modes[system]) if system in modes \
+                else run_tomotopy(s, docs, truth, i + 1)
             runs[system].append(r)
             show(r)
     if not args.no_lda:
@@ -220,6 +234,14 @@ def main() -> int:
                "met": met, "speed_met": speed_met, "recovery_met": recovery_met, "ratio_per_core": ratio,
                "ratios_per_round": ratios, "summary": summary,
                "tokens_per_cpu_s": {"litz_kernel": litz_cpu, "tomotopy": tomo_cpu}, "runs": runs}
+    if "litz_ahead" in runs:
+        la = summary["litz_ahead"]
+        paired = [a["train_s"] / b["train_s"] for a, b in zip(runs["litz_ahead"], runs["litz"], strict=True)]
+        doc_out["ahead_vs_not"] = {"train_s_ratio_paired": paired, "recovery": [la["topic_recovery"],
+                                   lz["topic_recovery"]], "ll_per_token": [la["ll_per_token"], lz["ll_per_token"]]}
+        print(f"ahead=1 / ahead=0 training time: {statistics.median(paired):.3f}x (rounds: "
+              f"{', '.join(f'{x:.3f}' for x in paired)}); recovery {la['topic_recovery']:.3f} vs "
+              f"{lz['topic_recovery']:.3f}; LL/token {la['ll_per_token']:.4f} vs {lz['ll_per_token']:.4f}")
     name = "lda_vs_tomotopy" if args.executors == 2 else f"lda_vs_tomotopy_e{args.executors}"
     row = "lda_vs_tomotopy" if args.executors == 2 else f"lda_vs_tomotopy ({args.executors} executors)"
     path = _table.write_result(name, doc_out, quick=args.quick)
