@@ -26,6 +26,10 @@ the order 1, 16, 2, 4, 8 and the next round reversed (8, 4, 2, 16, 1: a linear d
 rounds), and the headline ratio is the median over rounds of that round's 16/1 ratio. The ratio of the
 median epoch times is recorded beside it (``ratio_of_medians``); the table shows both.
 Target: 16 executors/worker <= 1.10x the epoch time of 1 executor/worker (paper: 1.23x).
+
+``--ahead 0|1|both`` sets ``apps.lda``'s ``ahead``; ``both`` runs every setting with ahead=0 and ahead=1 back to
+back and adds, per corpus, ahead=1's epoch times, its 16/1 ratio and its paired ratio to ahead=0 per count
+(``summary.ahead``); the table's rows stay ahead=0's.
 """
 from __future__ import annotations
 

@@ -25,6 +25,9 @@ default 5; quick 1), round i with seed i on both sides; medians. Target: Litz en
 tomotopy's training time, at a log-likelihood per token no worse (within 0.01: chains of either land in different
 local optima). The JSON also splits Litz's time into sampling (first sweep dispatched to last sweep done) and the
 rest (start-up, reading, initialisation, final counts, shutdown).
+
+``--ahead 0|1|both`` sets ``apps.lda``'s ``ahead``; ``both`` adds ``litz_e2_ahead`` and ``litz_e8_ahead`` to the
+recovery part and ``litz_ahead`` to the small part, run beside their ahead=0 runs, and prints their comparison.
 """
 from __future__ import annotations
 

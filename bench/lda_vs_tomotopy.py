@@ -27,6 +27,10 @@ libraries; Litz's executors generate their own documents of the same stream.
 Rounds interleave Litz and tomotopy (``--repeats``, default 8; quick 1); round i uses chain seed i on both
 sides. ``lda`` runs once (it is slow and single-threaded).
 
+``--ahead 0|1|both`` sets ``apps.lda``'s ``ahead`` (dispatch each round once its predecessors are dispatched, with
+``after=``); ``both`` runs Litz with ahead=0 and ahead=1 back to back in every round and prints the paired ratio of
+their training times (``ahead_vs_not`` in the JSON), the table's row staying ahead=0's.
+
 **Why 8 rounds.** Topic recovery moves in steps of about 0.012 (= one of the 50 true topics left merged with
 another, a local optimum a collapsed Gibbs chain rarely leaves), and which chains get stuck depends on the
 seed. Over chain seeds 1-8 (2026-11-23) tomotopy (2 threads) recovered 0.941-0.987, median 0.964, and
