@@ -26,10 +26,11 @@ acknowledged, on their worker without the master when it can (docs/design.md, "D
 lookahead is one deep: T also waits until every task before T in the schedule other than P1 and P2 has completed
 (P1's and P2's own predecessors), so an executor has at most two rounds in flight.
 
-**Topic totals** ``n_k`` (key ``("totals",)``, int64 [K]) are shared with bounded staleness: a task reads
-them once at its start (its version guarantees every update of every task completed before its dispatch),
-keeps its own changes locally while sampling, and adds its net change at the end. So a task misses at most
-the changes of the tasks running concurrently with it: one round's worth.
+**Topic totals** ``n_k`` (int64 [K]) are not a parameter-server key: the driver hands each task the totals of
+exactly the tasks before it in the schedule (the initial totals plus their changes, ``LDADriver._totals``), a
+function of the schedule alone, so the same seed gives the same topics. The task keeps its own changes locally
+while sampling and returns its net change. So a task misses the changes of the tasks not before it in the
+schedule: with ``B = E`` about ``(E - 1) / 2`` rounds of the other executors' changes.
 
 With ``ahead=1`` T's totals are those of every task before it in the schedule except P1 and P2 (the union of
 the tasks before P1 and before P2: complete at T's dispatch by the lookahead rule, and a function of the schedule
@@ -53,9 +54,9 @@ sums.
 **After a SCAR partial recovery** (``--partial-recovery``) the lost shards' counts are back at a checkpoint
 while every ``z`` kept going, so the driver recounts (thesis §5.4.1: recount what can be recounted): it stops
 dispatching rounds (ahead too), waits for the running ones (those dispatched ahead included), then every
-executor adds its recomputed block counts and topic totals into keys of that recount (``("rc", n, b)``,
-``("rc", n)``), and the checkers set ``("wt", b)``, ``("hold", b)`` and ``("totals",)`` to the recounted values
-and the check sums ``("zc", b)`` to zero (a checkpoint taken during a check holds partial sums); then the
+executor adds its recomputed block counts into keys of that recount (``("rc", n, b)``), and the checkers set
+``("wt", b)`` and ``("hold", b)`` to the recounted values and the check sums ``("zc", b)`` to zero (the topic
+totals are the driver's, which no server loss touches) (a checkpoint taken during a check holds partial sums); then the
 rotation goes on where it stopped. Hold counts read stale before the recount are listed as ``stale_holds``, not
 as violations, and an epoch with a task that completed before the recount ended does not check its topic totals
 against its blocks' column sums (``stale_epochs``): those sums may hold a restored shard's counts; the next
