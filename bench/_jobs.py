@@ -41,9 +41,18 @@ def _terminate(signum: int, frame: object) -> None:
     sys.exit(128 + signum)  # runs atexit: the jobs this script started end with it
 
 
-atexit.register(_end_live_jobs)
-signal.signal(signal.SIGTERM, _terminate)
-signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background (SIG_IGN)
+_handlers_installed = False
+
+
+def _install_handlers() -> None:
+    """On the first job a script starts, not at import: a test that imports a bench module keeps its own signals."""
+    global _handlers_installed
+    if _handlers_installed:
+        return
+    _handlers_installed = True
+    atexit.register(_end_live_jobs)
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background (SIG_IGN)
 
 
 def job_env(home: str, blas_threads: str = "1") -> dict:
@@ -97,6 +106,7 @@ class Job:
         self._log = open(self.log_path, "w")
         self.t_submit = time.time()
         self.load = {"start": round(os.getloadavg()[0], 2)}  # 1-min load average: the machine is shared
+        _install_handlers()
         self.proc = subprocess.Popen(self.cmd, cwd=REPO, env=self.env, stdin=subprocess.DEVNULL,
                                      stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         _LIVE.add(self)

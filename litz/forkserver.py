@@ -148,6 +148,10 @@ class ForkServer:
         if pid == 0:
             code = 0
             try:
+                # first: the launcher's Python handlers must never run here (a SIGTERM that reached this fork
+                # while it set its title once ran a launcher's handler, which raised into the fork)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
                 ours.close()
                 _set_title(title)
                 _serve(theirs, launcher)

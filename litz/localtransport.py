@@ -39,13 +39,12 @@ from typing import Any
 
 from .endpoint import register_carrier
 from .guard import BadMessage
-from .transport import ZmqEndpoint, max_frame_bytes
+from .transport import LINGER_S, ZmqEndpoint, max_frame_bytes
 
 CHUNK_BYTES = 256 << 10  # a connection's read buffer: many small messages arrive in one recv
 BIG_FRAME_BYTES = 64 << 10  # an incomplete frame larger than this is read into its own buffer, not the chunk
 SNDBUF_BYTES = 4 << 20
 CONNECT_TIMEOUT_S = 5.0  # a full listen backlog makes connect wait; a live peer accepts from its next poll
-LINGER_S = 2.0  # close() waits this long for queued messages (final acks, results) to leave
 MAX_IOV = 256  # buffers per sendmsg
 MAX_FRAMES = 1 << 24  # frames of one message (one per array): a count above is a broken header, not a message
 _COUNT = struct.Struct("<I")

@@ -45,6 +45,9 @@ from .security import Authenticator, curve_keypair
 HIGH_WATER_MARK = 1_000_000
 RING_MIN_BYTES = 64 << 10  # below this the cipher costs less than the extra copy and bookkeeping
 RING_BYTES = 32 << 20  # per (sender, receiver) pair; a frame that does not fit goes inline
+# close() gives queued messages (final acks, results) this long to leave; ``LITZ_TEST_LINGER_S`` (tests only)
+# stretches it so that a close that waits on it, where it must not, cannot pass for a slow machine
+LINGER_S = float(os.environ.get("LITZ_TEST_LINGER_S") or 2.0)
 WATCHED_RECONNECT_MS = 50  # a watched peer's connection is retried this often after it drops
 # A watched connection that carries nothing back for this long after a heartbeat is closed (and then counts
 # as dropped): a peer cut off without a reset, or stopped, answers no heartbeat. Its I/O thread answers them,
@@ -180,7 +183,7 @@ class ZmqEndpoint(Endpoint):
             sock.curve_publickey = self._public
             sock.curve_secretkey = self._secret
         sock.sndhwm = HIGH_WATER_MARK
-        sock.linger = 2000  # give queued messages (final acks, results) a moment at shutdown
+        sock.linger = int(LINGER_S * 1000)  # give queued messages (final acks, results) a moment at shutdown
         if watch:
             sock.reconnect_ivl = WATCHED_RECONNECT_MS
             sock.heartbeat_ivl, sock.heartbeat_timeout = HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS

@@ -131,3 +131,31 @@ def test_a_killed_peer_is_unreachable_after_the_grace_and_its_messages_go_nowher
             os.killpg(child.pid, signal.SIGKILL)
             child.wait(10)
         master.close(discard=True)
+
+
+def test_a_discarding_close_does_not_wait_for_a_peer_that_reads_nothing(tmp_path, monkeypatch) -> None:
+    """A process the master stopped closes with ``discard``: what it still has queued (a ring offer or its answer for
+    a peer that already exited) must not hold its exit for the linger. Here the peer reads nothing, so bytes stay
+    queued; the ordinary close waits for them (the control: the queue was there), the discarding one does not."""
+    import litz.localtransport as lt
+
+    def stuffed() -> tuple[LocalEndpoint, LocalEndpoint]:
+        a, b = _pair(tmp_path, monkeypatch, rings=False)
+        for i in range(64):  # far more than a socket's buffer: most of it stays queued in a
+            a.send("b", ("m", i, np.zeros(1 << 20, np.uint8)))
+        a.poll(10)
+        assert any(c.queue for c in a._peers.values()), "nothing queued: the test shows nothing"
+        return a, b
+
+    monkeypatch.setattr(lt, "LINGER_S", 1.0)
+    a, b = stuffed()
+    t = time.monotonic()
+    a.close()
+    assert time.monotonic() - t >= 0.9  # waited for the peer that never read
+    b.close(discard=True)
+    monkeypatch.setattr(lt, "LINGER_S", 60.0)
+    a, b = stuffed()
+    t = time.monotonic()
+    a.close(discard=True)
+    assert time.monotonic() - t < 30  # not the 60 s linger
+    b.close(discard=True)

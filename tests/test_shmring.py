@@ -199,22 +199,27 @@ def test_rings_are_offered_on_connect_and_the_answering_connection_is_watched():
         b.close()
 
 
-@pytest.mark.timeout(60)
-def test_a_short_job_does_not_wait_for_ring_offers_to_processes_gone():
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["unix", "zmq"])
+def test_a_short_job_does_not_wait_for_ring_offers_to_processes_gone(transport):
     """Rings are offered as connections are made, so a job that ends at once leaves offers (and answers)
     queued for processes that already exited. A stopped process must not hold its exit for the sockets'
-    2 s linger over them: that made 7 in 10 one-task jobs from the command line take 2.3 s instead of 0.3.
-    A bound on shutdown latency with a wide margin, not a speed benchmark."""
+    linger over them: that made 7 in 10 one-task jobs from the command line take 2.3 s instead of 0.3. The
+    linger is stretched to 30 s here, so a close that waits on it shows as a job of 30 s or more, which no
+    loaded machine makes of a one-task job. (Today's transports queue little at a job's end, so this guards the
+    whole shutdown path; test_localtransport shows the discarding close itself against a peer that reads
+    nothing.)"""
     import subprocess
     import sys
 
+    env = {**os.environ, "LITZ_TEST_LINGER_S": "30", "LITZ_TRANSPORT": transport}
     took = []
     for _ in range(4):
         t = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", "litz.cli.litz", "run", os.path.join(ROOT, "tests", "apps",
                                                                                         "noop.py"),
                                "--no-progress", "--config", "tasks=1"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=30)
+                              timeout=100, env=env)
         took.append(time.monotonic() - t)
         assert proc.returncode == 0, proc.stderr
-    assert max(took) < 1.9, f"one-task jobs took {[round(x, 2) for x in took]} s"
+    assert max(took) < 20, f"one-task jobs took {[round(x, 2) for x in took]} s: a close waited out the linger"
