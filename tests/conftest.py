@@ -184,3 +184,11 @@ def etcd_cluster(tmp_path):
     finally:
         for m in members:
             m.kill()
+
+
+def pytest_terminal_summary(terminalreporter, config) -> None:
+    """The order's seed, also under -q (which hides pytest-randomly's header): rerun an order-dependent failure
+    with ``-p randomly --randomly-seed=N``."""
+    seed = config.getoption("randomly_seed", None) if config.pluginmanager.hasplugin("randomly") else None
+    if seed is not None:
+        terminalreporter.write_line(f"tests ran in random order, seed {seed} (rerun: --randomly-seed={seed})")
