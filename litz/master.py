@@ -617,6 +617,8 @@ class Master(Process):
                 meter = self.meters.get(sender)
                 if meter is None:
                     meter = self.meters[sender] = SpeedMeter(window_s=self.speed_window_s, warmup=1)
+                    if sender in self.workers:
+                        meter.limit(self.workers[sender].stats.get("cpu_limit"))
                 meter.add(*timing[:3], clock.time())
                 self.executor_costs.add(timing[3])
             self.note_writes(sender, msg[2])  # before the driver dispatches anything behind these completions
@@ -627,6 +629,8 @@ class Master(Process):
             member = self.workers.get(sender) or self.servers.get(sender)
             if member is not None:
                 member.stats = msg[1]
+                if sender in self.meters:
+                    self.meters[sender].limit(msg[1].get("cpu_limit"))
                 self.on_compile_notice(sender, msg[1])
         elif tag == P.MOVED:
             self.on_executor_moved(sender, msg[1], msg[2])
@@ -1491,12 +1495,14 @@ class Master(Process):
         }
 
     def speed_status(self, worker: str) -> dict:
-        """A worker's measured speed for the status: tasks per second of running time, and ms per task (wall, CPU)."""
+        """A worker's measured speed for the status: tasks per second of running time (at most what its CPU limit
+        sustains), ms per task (wall, CPU), and the limit in cores."""
         m = self.meters.get(worker)
         if m is None or m.per_task is None:
-            return {"speed": None, "task_ms": None, "task_cpu_ms": None}
+            return {"speed": None, "task_ms": None, "task_cpu_ms": None, "cpu_limit": None}
         return {"speed": round(m.speed, 3), "task_ms": round(m.per_task * 1e3, 3),
-                "task_cpu_ms": round(m.cpu_per_task * 1e3, 3)}
+                "task_cpu_ms": round(m.cpu_per_task * 1e3, 3),
+                "cpu_limit": None if m.cores is None else round(m.cores, 3)}
 
     def publish_status(self) -> None:
         st = self.status()

@@ -275,6 +275,7 @@ class SpeedMeter:
         self.tasks = 0
         self._window: list[float] = [0, 0.0, 0.0]  # tasks, wall, cpu since the window opened
         self._opened: float | None = None
+        self.cores: float | None = None  # the worker's CPU limit (its cgroup quota), from its STATS
 
     def add(self, tasks: int, wall: float, cpu: float, now: float = 0.0) -> None:
         """A report at time ``now``: ``tasks`` completed, having run ``wall`` seconds (``cpu`` on a CPU) in all."""
@@ -313,7 +314,19 @@ class SpeedMeter:
         self.per_task += a * (min(mean, self.clip * self.per_task) - self.per_task)
         self.cpu_per_task += a * (min(cpu_mean, self.clip * self.per_task) - self.cpu_per_task)
 
+    def limit(self, cores: float | None) -> None:
+        """The worker may use ``cores`` CPUs at most (None: no limit); see :attr:`speed`."""
+        self.cores = float(cores) if type(cores) in (int, float) and 0 < cores < float("inf") else None
+
     @property
     def speed(self) -> float | None:
-        """Tasks per second of running time, or None before any report."""
-        return 1.0 / self.per_task if self.per_task else None
+        """Tasks per second of running time, or None before any report; under a CPU limit, at most what the limit
+        sustains (``cores`` CPU seconds a second over the CPU seconds a task takes). A quota stalls a worker only once
+        its demand passes it: lightly loaded, it runs each step within its share and measures as fast as an
+        unlimited one, and a policy following that alone would give it executors and take them back in turn."""
+        if not self.per_task:
+            return None
+        speed = 1.0 / self.per_task
+        if self.cores is not None and self.cpu_per_task > 0:
+            speed = min(speed, self.cores / self.cpu_per_task)
+        return speed

@@ -23,6 +23,7 @@ from .api import Executor, held_input
 from .appload import load_executor_class, loaded_tokens
 from .cache import MISS, ParamCache, UpdateLog, read_only
 from .checkpoint import executor_part, read_part, sync_filesystem, write_part
+from .cpulimit import CpuLimit
 from .errors import LitzError, app_code, describe_app_exception
 from .guard import BadMessage
 from .held import ALL, FRESH_VERSION, HeldTasks
@@ -249,6 +250,7 @@ class Worker(Process):
         self.running = True
         self.tasks_run = 0
         self.compiling: str | None = None  # the numba kernel a task is compiling now (compile_notice)
+        self.cpu_limit = CpuLimit()  # its cgroup's CPU quota, in STATS: placement counts it (litz.cpulimit)
         self.held = HeldTasks()  # tasks sent ahead (after=), waiting for tasks to be reported done here (A2)
         self.deferred_done: list[tuple] = []  # DONEs that released tasks here: sent once the first of those ran
 
@@ -436,7 +438,8 @@ class Worker(Process):
         res = self.residency
         return {"rss": process.resident_bytes(), "executors": len(self.executors) + len(res.spilled),
                 "cache_keys": len(self.cache), "tasks_run": self.tasks_run, "budget": res.budget,
-                "state_bytes": res.resident(), "evicted": sorted(res.spilled), "compiling": self.compiling}
+                "state_bytes": res.resident(), "evicted": sorted(res.spilled), "compiling": self.compiling,
+                "cpu_limit": self.cpu_limit.cores()}
 
     def compile_notice(self, kind: str, kernel: str, seconds: float) -> None:
         """A task's first call of a numba kernel compiles it (litz.kernels.watch: the cache lacks it): tell the

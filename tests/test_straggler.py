@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from litz.cli.litzctl import format_status
 from tests.helpers import Processes, app_path, run_cli, status, wait_for
 from tests.test_elasticity import CHAINS, check_result
 
@@ -152,6 +153,13 @@ def test_a_worker_under_a_real_cpu_quota_loses_executors(tmp_path):
                 raise AssertionError(f"w1 kept its executors: {last}") from None
             speeds = {w["id"]: w["speed"] for w in st["workers"]}
             assert speeds["w0"] > 1.5 * speeds["w1"], speeds
+            # w1 reads its group's quota and says so; placement's speed for it is at most what a tenth of a core
+            # sustains over its tasks' CPU time (w0 has no limit)
+            limits = {w["id"]: w["cpu_limit"] for w in st["workers"]}
+            assert limits == {"w0": None, "w1": 0.1}, limits
+            w1_status = next(w for w in st["workers"] if w["id"] == "w1")
+            assert w1_status["speed"] <= 0.1 / (w1_status["task_cpu_ms"] / 1e3) * 1.01, w1_status
+            assert "cpu limit 0.10 cores" in format_status(st)
             _, err = job.communicate(timeout=120)
             assert job.returncode == 0, err
         doc = json.loads(out.read_text())

@@ -138,6 +138,8 @@ def format_status(st: dict) -> str:
             state = "" if p.get("state", "active") == "active" else f"  ({p['state']})"
             speed = ("" if p.get("speed") is None else  # measured: tasks per second of running time
                      f"  speed {p['speed']:,.1f} tasks/s ({p['task_ms']:.1f} ms a task, {p['task_cpu_ms']:.1f} on CPU)")
+            if p.get("cpu_limit") is not None:  # its cgroup's quota: placement counts it (docs/design.md)
+                speed += f"  cpu limit {p['cpu_limit']:.2f} cores"
             lines.append(f"  {role} {p['id']:>{width}}  pid {p['pid']:>7}  {p.get('address') or p['host']}  "
                          f"{what} {len(p[what])}{speed}{mem}{state}")
     return "\n".join(lines)

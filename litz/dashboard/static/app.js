@@ -237,7 +237,9 @@ function renderProcesses() {
   const workerRow = (p, state, gone) => el("tr", { "data-id": p.id, class: gone ? "gone" : "" },
     el("td", { text: p.id }), stateCell(state), el("td", { text: `${p.pid ?? "-"} @ ${p.host ?? "-"}` }),
     el("td", { class: "num", title: (p.executors || []).join(" "), text: (p.executors || []).length }),
-    el("td", { class: "num", text: p.speed === null || p.speed === undefined ? "-" : `${num(p.speed, 1)} tasks/s` }),
+    el("td", { class: "num", title: p.cpu_limit ? `CPU limit ${num(p.cpu_limit, 2)} cores (its cgroup quota)` : "",
+      text: (p.speed === null || p.speed === undefined ? "-" : `${num(p.speed, 1)} tasks/s`) +
+        (p.cpu_limit ? ` (limit ${num(p.cpu_limit, 2)})` : "") }),
     el("td", { class: "num", text: p.task_ms ? `${num(p.task_ms, 1)} (${num(p.task_cpu_ms, 1)})` : "-" }),
     el("td", { class: "num", text: mib(p.memory) }), budgetCell(p),
     el("td", { class: "num", title: (p.evicted || []).join(" "), text: (p.evicted || []).length }),
