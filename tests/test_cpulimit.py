@@ -84,3 +84,36 @@ def test_a_cpu_limit_bounds_the_speed_a_lightly_loaded_worker_measures():
     for bad in (0, -1.0, float("nan"), float("inf"), "0.5", True):
         meter.limit(bad)
         assert meter.cores is None, bad  # a malformed STATS value is no limit
+
+
+def rebalances_under_a_quota(limit: float | None, seconds: int = 120) -> list[dict[str, int]]:
+    """The executor split a speed policy adopts, second by second, for two workers of equal CPU where w1 has a
+    quarter of a core: a model of the quota's burst. w1 measures as fast as w0 while its share of a synchronous
+    step's work fits in its quota (executors of w1 / executors of w0 <= 0.25), and four times slower when it does
+    not. ``limit``: what w1 reports as its CPU limit (None: as before the bound)."""
+    from litz.placement import SpeedPolicy, quotas
+
+    quota, cpu = 0.25, 0.001
+    counts = {"w0": 8, "w1": 8}
+    meters = {w: SpeedMeter(window_s=0.0) for w in counts}
+    meters["w1"].limit(limit)
+    policy, splits = SpeedPolicy(), []
+    for now in range(seconds):
+        fits = counts["w1"] <= quota * counts["w0"]
+        meters["w0"].add(100, 100 * cpu, 100 * cpu, now)
+        meters["w1"].add(100, 100 * (cpu if fits else cpu / quota), 100 * cpu, now)
+        owner = [w for w in counts for _ in range(counts[w])]
+        speeds = {w: m.speed for w, m in meters.items()}
+        if policy.offer(owner, sorted(counts), speeds, float(now)):
+            counts = quotas(16, sorted(counts, key=lambda w: -counts[w]), policy.weights())
+            splits.append(dict(counts))
+    return splits
+
+
+def test_with_its_cpu_limit_a_quota_worker_is_placed_once_and_stays():
+    """The oscillation the bound removes: without it, each time w1 holds few executors it looks fast, wins them
+    back, looks slow and loses them again; with it, one rebalance to 13 + 3 and none after."""
+    flapping = rebalances_under_a_quota(None)
+    assert len(flapping) >= 5 and len({tuple(s.values()) for s in flapping}) >= 2, flapping  # the control
+    settled = rebalances_under_a_quota(0.25)
+    assert settled == [{"w0": 13, "w1": 3}], settled
