@@ -163,6 +163,11 @@ def test_the_update_log_sums_per_key_without_touching_the_apps_buffers():
     assert taken["w"].tolist() == [6.5] * 3 and taken["w"].dtype == np.float64 and buf.tolist() == [5] * 3
     assert taken["n"] == 3.5 and taken["s"].tolist() == [2, 3, 4] and taken["x"] == 4
     assert type(sum_deltas("n", 1, 2)) is int
+    log.add("l", [1, 2])  # array-likes are arrays in the log: summed, not concatenated
+    log.add("l", (1, 2))
+    assert log.take()["l"].tolist() == [2, 4]
+    with pytest.raises(TypeError, match=r"ps_update\('d'\): delta must be a number or numpy array, not dict"):
+        log.add("d", {"x": 1})  # refused as the task calls ps_update, naming the key
     with pytest.raises(ValueError, match=r"delta shape \(2,\) does not match the shape \(3,\) of an earlier delta"):
         sum_deltas("w", np.zeros(3), np.zeros(2))
     total = np.zeros(3)

@@ -113,8 +113,16 @@ def test_the_speed_plan_moves_exactly_at_its_threshold_and_counts_items_in_fligh
     assert len(moves) == 1 and moves[0][1:] == ("w0", "w1")
     assert speed_plan(owner, {}, ["w0", "w1"], speeds, threshold=0.5000001) == []
     assert speed_plan(owner, {1: "w1"}, ["w0", "w1"], speeds, threshold=0.01) == []  # already on its way
-    assert speed_plan(owner, {}, ["w0", "w1"], {"w0": 10.0, "w1": 0.0}) == []  # not measured: no plan
-    assert speed_plan(owner, {}, ["w0", "w1"], {"w0": 10.0}) == []
+    slow = {"w0": 0.5, "w1": 1.5}  # under a task a second: 4 s a step, 2 s after the move
+    assert len(speed_plan(owner, {}, ["w0", "w1"], slow, threshold=0.5)) == 1
+    on_one = ["w0"] * 4
+    assert speed_plan(on_one, {}, ["w0", "w1"], {"w0": 10.0, "w1": 0.0}) == []  # not measured: no plan
+    assert speed_plan(on_one, {}, ["w0", "w1"], {"w0": 10.0}) == []
+    # one in flight to w1 already: 3:1 now (0.3 s), 1:3 after two more moves (0.1 s), a third of the step
+    assert len(speed_plan(on_one, {0: "w1"}, ["w0", "w1"], speeds, threshold=0.6)) == 2
+    # five on a worker three times as fast: 4:1 after one move; the fast source is still the slowest step
+    assert speed_plan(["w0"] * 5, {}, ["w0", "w1"], {"w0": 30.0, "w1": 10.0}, threshold=0.21) == []
+    assert speed_plan(["w0"] * 5, {}, ["w0", "w1"], {"w0": 30.0, "w1": 10.0}, threshold=0.19) == [(4, "w0", "w1")]
     three_one, even = ["w0"] * 3 + ["w1"], {"w0": 10.0, "w1": 10.0}  # 0.3 s a step, 0.2 s once even
     assert speed_plan(three_one, {}, ["w0", "w1"], even, threshold=0.34) == []
     assert speed_plan(three_one, {}, ["w0", "w1"], even, threshold=0.33) == [(2, "w0", "w1")]
@@ -135,10 +143,12 @@ def test_the_speed_policy_is_throttled_to_its_periods_exactly():
     assert sp.offer(owner, ["w0", "w1"], moved, 101.9) is False  # within min_s even though they moved
     assert sp.offer(owner, ["w0", "w1"], moved, 102.0) is True and sp.adopted_at == 102.0
     same = {"w0": 1.125, "w1": 4.0}  # within 25 % of the adopted: not moved, so only once every every_s
-    assert sp.offer(owner, ["w0", "w1"], same, 111.9) is False
-    assert sp.offer(owner, ["w0", "w1"], {"w0": 1.0, "w1": 5.0}, 111.9) is False  # exactly 25 %: not past it
-    assert sp.offer(owner, ["w0", "w1"], {"w0": 1.0, "w1": 5.5}, 111.9) is True  # past it
-    assert sp.offer(owner, ["w0", "w1"], same, 121.9) is True and sp.weights() == same
+    assert sp.offer(owner, ["w0", "w1"], same, 111.5) is False
+    assert sp.offer(owner, ["w0", "w1"], {"w0": 1.0, "w1": 5.0}, 111.5) is False  # exactly 25 %: not past it
+    assert sp.offer(owner, ["w0", "w1"], {"w0": 1.0, "w1": 5.5}, 111.5) is True  # past it
+    assert sp.offer(owner, ["w0", "w1"], same, 121.5) is True and sp.weights() == same  # every_s to the dot
+    even = SpeedPolicy(threshold=0.25)
+    assert even.offer(owner, ["w0", "w1"], {"w0": 1.0, "w1": 1.2}, 0.0) is False  # not worth a move
     assert sp.offer(owner, ["w0", "w1", "w2"], {**same, "w2": 1.0, "w9": 5.0}, 123.0) is False  # min_s
     assert sp.offer(owner, ["w0", "w1", "w2"], {**same, "w2": 1.0, "w9": 5.0}, 124.5) is True  # w2 is new
     assert set(sp.weights()) == {"w0", "w1", "w2"}  # only the active workers' speeds are adopted
@@ -201,3 +211,14 @@ def test_the_speed_meter_does_not_jump_on_a_slow_then_a_fast_window_and_jumps_to
     assert 0.1 < m.per_task < 0.9
     m.add(2, 0.02, 0.02)  # a second fast window in a row: a step to the two's pooled means, CPU too
     assert m.per_task == pytest.approx(0.12 / 3) and m.cpu_per_task == pytest.approx(0.27 / 3)
+
+
+def test_the_speed_meter_starts_afresh_after_a_jump_and_keeps_a_first_cpu_above_the_wall_time():
+    m = SpeedMeter(window_s=0.0, jump=1.5, confirm=2)
+    m.add(1, 0.1, 0.5)  # threads: more CPU than wall time, taken as measured at first
+    assert m.cpu_per_task == 0.5
+    m.add(1, 2.0, 0.5)
+    m.add(1, 2.0, 0.5)
+    assert m.per_task == 2.0
+    m.add(1, 4.0, 0.5)  # one window beyond the band of the new estimate: only the first of a new run
+    assert m.per_task == pytest.approx(2.4)

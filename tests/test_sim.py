@@ -266,8 +266,9 @@ class CheckerRuntime:
         self.rng = random.Random(seed)
         self.store: dict = {}
         self.queue: list = []
-        self.result = None
+        self.results: list = []
         self.plant: str | None = None
+        self.driver_reads: list = []  # (when, keys) of the driver's own reads
         self.driver = CheckDriver()
         self.driver._litz, self.driver.config, self.driver.num_executors = self, config, executors
         self.executors = []
@@ -279,14 +280,24 @@ class CheckerRuntime:
 
     # the driver's context
     def dispatch_task(self, executor: int, args=None, after=None) -> int:
+        if not 0 <= executor < len(self.executors):
+            raise IndexError(f"no executor {executor}")
         self.queue.append((executor, args))
         return len(self.queue)
 
     def driver_get_many(self, keys: list) -> list:
-        return self.ps_get_many(keys)
+        self.driver_reads.append(list(keys))
+        return [None] * len(keys) if self.plant == "driver_blind" else self.ps_get_many(keys)
 
     def finish(self, result) -> None:
-        self.result = result
+        self.results.append(result)
+
+    @property
+    def result(self):
+        return self.results[-1] if self.results else None
+
+    def choose_executor(self, executors):
+        return -1 if self.plant == "bad_choice" else max(executors)
 
     # the executors' context
     def ps_get_many(self, keys: list) -> list:
@@ -323,12 +334,14 @@ class CheckerRuntime:
         return checks.take()
 
 
-@pytest.mark.parametrize("config", [{}, {"staleness": 0}, {"staleness": 2}, {"rounds": 4, "keys": 3}])
+@pytest.mark.parametrize("config", [{}, {"staleness": 0}, {"staleness": 2}, {"rounds": 4, "keys": 3}, {"after": 1},
+                                    {"choose": 1}, {"rounds": 1, "keys": 40}])
 def test_checker_finds_nothing_wrong_with_a_correct_history(config):
     rt = CheckerRuntime(**config)
     assert rt.run(shuffle="staleness" in config) == []
     rounds = config.get("rounds", 10)
-    assert rt.result == {"tasks": 3 * rounds}
+    assert rt.results == [{"tasks": 3 * rounds}]  # finished once, when the last executor verified
+    assert len(rt.driver_reads) == 3 * rounds // 3 + 1  # after every third completion, and at the end
     assert [ex.ran for ex in rt.executors] == [rounds] * 3
     assert rt.store[("own", 1)].tolist() == [rounds] * 3  # WIDTH entries, one per task of executor 1
 
@@ -348,6 +361,8 @@ def test_checker_reports_a_store_that_loses_doubles_or_tears_updates(plant, firs
         assert [v for v in found if v.startswith("total:")] == [
             f"total: executor {e} read ('own', 0) = 0 at the end, 10 writes completed" for e in range(3)]
         assert "driver read at the end: ('own', 0) = 0, but 10 writes had completed" in found
+    if plant == "writable":
+        assert "driver read after executor 2 round 0: ('own', 2) is writable or torn: [1, 1, 1]" in found
     if plant == "twice":
         assert "driver read at the end: ('own', 0) = 20, only 10 writes dispatched" in found
         assert "total: executor 2 read ('own', 0) = 20 at the end, 10 writes completed" in found
@@ -434,3 +449,39 @@ def test_checker_counts_the_writes_of_the_plan_not_of_the_dispatches():
             assert d.writes_before(key, r) == expected
     assert d.writes_before(("own", 1), 3) == 3 and d.writes_before(("own", 1), 9) == 4
     assert d.writes_before(("own", 1), 0) == 0 == d.writes_before(("own", 1), -2)
+
+
+def test_checker_reports_driver_reads_that_miss_completed_writes_when_the_driver_reads():
+    rt = CheckerRuntime(rounds=2)
+    rt.plant = "driver_blind"
+    found = [v for v in rt.run() if v.startswith("driver read")]
+    assert found[:3] == [f"driver read after executor 2 round 0: {k} = 0, but {n} writes had completed"
+                         for k, n in [(("own", 2), 1), (("k", 6), 2), (("k", 3), 1)]]
+    assert {v.split(":")[0] for v in found} == {"driver read after executor 2 round 0",
+                                                "driver read after executor 2 round 1", "driver read at the end"}
+
+
+def test_checker_reports_a_task_run_before_the_tasks_it_waits_for_and_a_wrong_choice():
+    rt = CheckerRuntime(after=1)
+    found = rt.run(shuffle=True)
+    assert any(v.startswith("consistency:") for v in found)  # a closure's writes missing from a read
+    rt = CheckerRuntime(choose=1)
+    rt.plant = "bad_choice"
+    with pytest.raises(IndexError):  # dispatching to executor -1 ...
+        rt.run()
+    from litz.sim import checks
+
+    assert checks.take()[0] == "choose_executor gave executor -1, not one of [0, 1, 2]"
+
+
+def test_checker_reports_ssp_bounds_broken_by_a_lost_update_and_takes_input_loaded_afresh():
+    rt = CheckerRuntime(staleness=1)
+    rt.plant = "lost"
+    found = rt.run()
+    assert any(v.startswith("ssp: executor 0 round 2 read ('own', 0) = 0, but rounds <= 0 write it 1 times")
+               for v in found), found
+
+    def reload(rt, executor, args):
+        if args[0] == 4:
+            rt.executors[executor].load_input()  # drained or recovered: the input loaded again, tag -1
+    assert CheckerRuntime(executors=2).run(before_task=reload) == []
