@@ -146,7 +146,9 @@ def test_the_speed_policy_is_throttled_to_its_periods_exactly():
     assert sp.offer(owner, ["w0", "w1"], same, 111.5) is False
     assert sp.offer(owner, ["w0", "w1"], {"w0": 1.0, "w1": 5.0}, 111.5) is False  # exactly 25 %: not past it
     assert sp.offer(owner, ["w0", "w1"], {"w0": 1.0, "w1": 5.5}, 111.5) is True  # past it
-    assert sp.offer(owner, ["w0", "w1"], same, 121.5) is True and sp.weights() == same  # every_s to the dot
+    same = {"w0": 1.125, "w1": 5.5}  # not moved from the adopted 1.0 and 5.5: due every_s, to the dot
+    assert sp.offer(owner, ["w0", "w1"], same, 121.4) is False
+    assert sp.offer(owner, ["w0", "w1"], same, 121.5) is True and sp.weights() == same
     even = SpeedPolicy(threshold=0.25)
     assert even.offer(owner, ["w0", "w1"], {"w0": 1.0, "w1": 1.2}, 0.0) is False  # not worth a move
     assert sp.offer(owner, ["w0", "w1", "w2"], {**same, "w2": 1.0, "w9": 5.0}, 123.0) is False  # min_s
