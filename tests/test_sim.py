@@ -250,3 +250,238 @@ def test_a_thousand_schedules_pass():
     for kind in ("scale", "drain", "kill", "checkpoint", "memory", "registry", "recovery", "evict", "steal"):
         assert counts[kind] > 20, summary
     assert counts["partial_recovery"] > 0, summary
+
+
+# -- the checkers on their own: histories with one known fault each, run in-process without the runtime ------------
+class CheckerRuntime:
+    """Stands in for the master, the workers and the servers under :mod:`litz.sim.checkapp`'s driver and executors:
+    one store of counters, each update applied once as its task runs, tasks run in dispatch order (or in a
+    seeded random order). The plants break one guarantee each, as a runtime bug would."""
+
+    def __init__(self, executors: int = 3, seed: int = 0, **config) -> None:
+        import random
+
+        from litz.sim.checkapp import CheckDriver, CheckExecutor
+
+        self.rng = random.Random(seed)
+        self.store: dict = {}
+        self.queue: list = []
+        self.results: list = []
+        self.plant: str | None = None
+        self.driver_reads: list = []  # (when, keys) of the driver's own reads
+        self.driver = CheckDriver()
+        self.driver._litz, self.driver.config, self.driver.num_executors = self, config, executors
+        self.executors = []
+        for e in range(executors):
+            ex = CheckExecutor()
+            ex._litz, ex.executor_id, ex.num_executors, ex.config = self, e, executors, config
+            ex.load_input()
+            self.executors.append(ex)
+
+    # the driver's context
+    def dispatch_task(self, executor: int, args=None, after=None) -> int:
+        if not 0 <= executor < len(self.executors):
+            raise IndexError(f"no executor {executor}")
+        self.queue.append((executor, args))
+        return len(self.queue)
+
+    def driver_get_many(self, keys: list) -> list:
+        self.driver_reads.append(list(keys))
+        return [None] * len(keys) if self.plant == "driver_blind" else self.ps_get_many(keys)
+
+    def finish(self, result) -> None:
+        self.results.append(result)
+
+    @property
+    def result(self):
+        return self.results[-1] if self.results else None
+
+    def choose_executor(self, executors):
+        return -1 if self.plant == "bad_choice" else max(executors)
+
+    # the executors' context
+    def ps_get_many(self, keys: list) -> list:
+        out = []
+        for k in keys:
+            v = self.store.get(k)
+            if v is not None:
+                v = v.copy()
+                if self.plant == "torn":
+                    v[-1] += 1
+                v.flags.writeable = self.plant == "writable"
+            out.append(v)
+        return out
+
+    def ps_update_many(self, items) -> None:
+        import numpy as np
+
+        for k, delta in items:
+            times = {"lost": 0, "twice": 2}.get(self.plant, 1) if k == ("own", 0) else 1
+            for _ in range(times):
+                self.store[k] = self.store.get(k, np.zeros_like(delta)) + delta
+
+    def run(self, shuffle: bool = False, before_task=None) -> list[str]:
+        """Start the job and run every task to the end; the violations the checkers reported."""
+        from litz.sim import checks
+
+        checks.take()
+        self.driver.dispatch_initial_tasks()
+        while self.queue:
+            executor, args = self.queue.pop(self.rng.randrange(len(self.queue)) if shuffle else 0)
+            if before_task is not None:
+                before_task(self, executor, args)
+            self.driver.handle_task_completion(self.executors[executor].run_task(args))
+        return checks.take()
+
+
+@pytest.mark.parametrize("config", [{}, {"staleness": 0}, {"staleness": 2}, {"rounds": 4, "keys": 3}, {"after": 1},
+                                    {"choose": 1}, {"rounds": 1, "keys": 40}])
+def test_checker_finds_nothing_wrong_with_a_correct_history(config):
+    rt = CheckerRuntime(**config)
+    assert rt.run(shuffle="staleness" in config) == []
+    rounds = config.get("rounds", 10)
+    assert rt.results == [{"tasks": 3 * rounds}]  # finished once, when the last executor verified
+    assert len(rt.driver_reads) == 3 * rounds // 3 + 1  # after every third completion, and at the end
+    assert [ex.ran for ex in rt.executors] == [rounds] * 3
+    assert rt.store[("own", 1)].tolist() == [rounds] * 3  # WIDTH entries, one per task of executor 1
+
+
+@pytest.mark.parametrize("plant,first", [
+    ("lost", "consistency: executor 0 round 1 read ('own', 0) = 0, but 1 writes had completed before its dispatch"),
+    ("twice", "double apply: executor 0 round 1 read ('own', 0) = 2, only 1 other writes were ever dispatched"),
+    ("writable", "executor 0 round 1: ps_get(('own', 0)) returned a writable array"),
+    ("torn", "executor 0 round 1: ('own', 0) has torn entries [1, 1, 2]"),
+])
+def test_checker_reports_a_store_that_loses_doubles_or_tears_updates(plant, first):
+    rt = CheckerRuntime()
+    rt.plant = plant
+    found = rt.run()
+    assert first in found, found[:3]
+    if plant == "lost":  # every executor reads the lost key at the end
+        assert [v for v in found if v.startswith("total:")] == [
+            f"total: executor {e} read ('own', 0) = 0 at the end, 10 writes completed" for e in range(3)]
+        assert "driver read at the end: ('own', 0) = 0, but 10 writes had completed" in found
+    if plant == "writable":
+        assert "driver read after executor 2 round 0: ('own', 2) is writable or torn: [1, 1, 1]" in found
+    if plant == "twice":
+        assert "driver read at the end: ('own', 0) = 20, only 10 writes dispatched" in found
+        assert "total: executor 2 read ('own', 0) = 20 at the end, 10 writes completed" in found
+
+
+def test_checker_reports_a_stale_read_a_lost_state_and_stale_input():
+    def stale(rt, executor, args):  # the 5th task reads the store as it was before the 4th task
+        if len(rt.seen) == 3:
+            rt.saved = {k: v.copy() for k, v in rt.store.items()}
+        if len(rt.seen) == 4:
+            rt.store, rt.saved = rt.saved, rt.store
+        if len(rt.seen) == 5:
+            rt.store = rt.saved
+        rt.seen.append(args)
+
+    rt = CheckerRuntime(executors=1)
+    rt.seen = []
+    found = rt.run(before_task=stale)
+    assert found[0] == ("consistency: executor 0 round 4 read ('own', 0) = 3, but 4 writes had completed before "
+                        "its dispatch"), found
+    rt = CheckerRuntime(executors=2)
+    rt.executors[1].ran = 5  # the state of another executor, or one moved without its state
+    found = rt.run()
+    assert found[:2] == ["executor 1 round 0: executor state says 5 tasks ran before it",
+                         "executor 1 round 1: executor state says 6 tasks ran before it"]
+    assert found[-1] == "executor 1: executor state says 15 tasks ran, 10 completed"
+
+    def old_input(rt, executor, args):
+        if args[0] == 3:
+            rt.executors[executor].tag[:] = 1  # an older assignment came back
+            rt.executors[executor].data[0] += 1  # and the fixed input changed
+    rt = CheckerRuntime(executors=1)
+    found = rt.run(before_task=old_input)
+    assert found[:2] == ["executor 0 round 3: input data changed",
+                         "executor 0 round 3: input tag is 1, last assigned 3"]
+    assert found[2:] == [f"executor 0 round {r}: input data changed" for r in range(4, 10)]
+
+
+def test_checker_reports_a_round_out_of_order_or_twice():
+    from litz.sim import checks
+
+    rt = CheckerRuntime(executors=2, rounds=3)
+    rt.run()
+    rt.driver.handle_task_completion((1, 5, 5, [], []))
+    assert checks.take()[0] == "executor 1: completion of round 5, expected round 3"
+    rt = CheckerRuntime(executors=2, staleness=1, rounds=3)
+    assert rt.run() == []
+    with pytest.raises(ValueError, match="unexpected completion of iteration 2"):  # the SSP helper's own check
+        rt.driver.handle_task_completion((0, 2, 2, [], []))
+    assert checks.take() == ["executor 0: round 2 completed twice"]
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 3])
+def test_checker_ssp_bound_takes_exactly_the_reads_within_staleness(staleness):
+    from litz.sim import checks
+
+    d = CheckerRuntime(executors=4, staleness=staleness, rounds=10).driver
+    d.rounds, d.num_keys, d.tainted, d.ssp = 10, 8, set(), ssp.SSP(d, staleness, 10)
+    key, r = ("own", 0), 5  # written once a round
+    low, high = d.writes_before(key, r - staleness), d.writes_before(key, r + staleness + 1) - 1
+    assert (low, high) == (r - staleness, r + staleness)
+    checks.take()
+    d.check_ssp_bound(0, r, [(key, low), (key, high)])
+    assert checks.take() == []
+    d.check_ssp_bound(0, r, [(key, low - 1), (key, high + 1)])
+    assert checks.take() == [
+        f"ssp: executor 0 round {r} read {key} = {low - 1}, but rounds <= {r - staleness - 1} write it {low} "
+        f"times (staleness {staleness})",
+        f"ssp: executor 0 round {r} read {key} = {high + 1}, but rounds <= {r + staleness} write it only {high} "
+        f"times besides it (staleness {staleness})"]
+    d.tainted.add(key)  # a key SCAR put back to a checkpoint keeps only its upper bound
+    d.check_ssp_bound(0, r, [(key, 0), (key, high + 1)])
+    assert len(checks.take()) == 1
+
+
+def test_checker_counts_the_writes_of_the_plan_not_of_the_dispatches():
+    from litz.sim.checkapp import keys_of
+
+    d = CheckerRuntime(executors=3, rounds=4, keys=5).driver
+    d.rounds, d.num_keys = 4, 5
+    for key in [("own", 1), ("k", 0), ("k", 4)]:
+        for r in range(-1, 7):
+            expected = sum(key in keys_of(e, j, 5) for e in range(3) for j in range(min(max(r, 0), 4)))
+            assert d.writes_before(key, r) == expected
+    assert d.writes_before(("own", 1), 3) == 3 and d.writes_before(("own", 1), 9) == 4
+    assert d.writes_before(("own", 1), 0) == 0 == d.writes_before(("own", 1), -2)
+
+
+def test_checker_reports_driver_reads_that_miss_completed_writes_when_the_driver_reads():
+    rt = CheckerRuntime(rounds=2)
+    rt.plant = "driver_blind"
+    found = [v for v in rt.run() if v.startswith("driver read")]
+    assert found[:3] == [f"driver read after executor 2 round 0: {k} = 0, but {n} writes had completed"
+                         for k, n in [(("own", 2), 1), (("k", 6), 2), (("k", 3), 1)]]
+    assert {v.split(":")[0] for v in found} == {"driver read after executor 2 round 0",
+                                                "driver read after executor 2 round 1", "driver read at the end"}
+
+
+def test_checker_reports_a_task_run_before_the_tasks_it_waits_for_and_a_wrong_choice():
+    rt = CheckerRuntime(after=1)
+    found = rt.run(shuffle=True)
+    assert any(v.startswith("consistency:") for v in found)  # a closure's writes missing from a read
+    rt = CheckerRuntime(choose=1)
+    rt.plant = "bad_choice"
+    with pytest.raises(IndexError):  # dispatching to executor -1 ...
+        rt.run()
+    from litz.sim import checks
+
+    assert checks.take()[0] == "choose_executor gave executor -1, not one of [0, 1, 2]"
+
+
+def test_checker_reports_ssp_bounds_broken_by_a_lost_update_and_takes_input_loaded_afresh():
+    rt = CheckerRuntime(staleness=1)
+    rt.plant = "lost"
+    found = rt.run()
+    assert any(v.startswith("ssp: executor 0 round 2 read ('own', 0) = 0, but rounds <= 0 write it 1 times")
+               for v in found), found
+
+    def reload(rt, executor, args):
+        if args[0] == 4:
+            rt.executors[executor].load_input()  # drained or recovered: the input loaded again, tag -1
+    assert CheckerRuntime(executors=2).run(before_task=reload) == []
