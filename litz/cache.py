@@ -112,16 +112,21 @@ class ParamCache:
 
 
 def check_delta(key: Hashable, delta: Any) -> Any:
-    """Deltas are numbers or numpy arrays; anything array-like becomes an array."""
-    if isinstance(delta, (np.ndarray, int, float, np.number)) and not isinstance(delta, bool):
+    """Deltas are numbers or numeric numpy arrays; anything array-like becomes an array. A string, bytes or object
+    array is refused here: as a key's first update it would be stored as the value, and every later addition
+    would fail far from the task that wrote it."""
+    if isinstance(delta, (int, float, np.number)) and not isinstance(delta, bool):
         return delta
-    try:
-        arr = np.asarray(delta)
-    except Exception:
-        arr = None
-    if arr is None or arr.dtype == object:
-        raise TypeError(f"ps_update({key!r}): delta must be a number or numpy array, "
-                        f"not {type(delta).__name__}")
+    if isinstance(delta, np.ndarray):
+        arr = delta
+    else:
+        try:
+            arr = np.asarray(delta)
+        except Exception:
+            arr = None
+    if arr is None or arr.dtype.kind not in "biufc":
+        what = type(delta).__name__ if arr is None or not isinstance(delta, np.ndarray) else f"{arr.dtype} array"
+        raise TypeError(f"ps_update({key!r}): delta must be a number or numeric numpy array, not {what}")
     return arr
 
 

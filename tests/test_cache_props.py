@@ -130,8 +130,11 @@ def test_check_delta_passes_numbers_and_arrays_through_and_makes_array_likes_arr
     listed = check_delta("k", [1, 2])
     assert isinstance(listed, np.ndarray) and listed.tolist() == [1, 2]
     assert isinstance(check_delta("k", True), np.ndarray)  # a bool is not a number here: a bool array
-    for bad, name in [({"x": 1}, "dict"), ([[1], [1, 2]], "list"), (object(), "object")]:
-        with pytest.raises(TypeError, match=rf"ps_update\('k'\): delta must be a number or numpy array, not {name}"):
+    for bad, name in [({"x": 1}, "dict"), ([[1], [1, 2]], "list"), (object(), "object"), ("abc", "str"),
+                      (b"ab", "bytes"), (np.array(["a"]), "<U1 array"), (np.array([None]), "object array")]:
+        # strings too: as a key's first update one would be stored as its value, and later additions fail
+        with pytest.raises(TypeError, match=rf"ps_update\('k'\): delta must be a number or numeric numpy array, "
+                                            rf"not {name}"):
             check_delta("k", bad)
 
 
@@ -166,7 +169,7 @@ def test_the_update_log_sums_per_key_without_touching_the_apps_buffers():
     log.add("l", [1, 2])  # array-likes are arrays in the log: summed, not concatenated
     log.add("l", (1, 2))
     assert log.take()["l"].tolist() == [2, 4]
-    with pytest.raises(TypeError, match=r"ps_update\('d'\): delta must be a number or numpy array, not dict"):
+    with pytest.raises(TypeError, match=r"ps_update\('d'\): delta must be a number or numeric numpy array, not dict"):
         log.add("d", {"x": 1})  # refused as the task calls ps_update, naming the key
     with pytest.raises(ValueError, match=r"delta shape \(2,\) does not match the shape \(3,\) of an earlier delta"):
         sum_deltas("w", np.zeros(3), np.zeros(2))
