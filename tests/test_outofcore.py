@@ -8,6 +8,7 @@ import pytest
 import litz
 from litz.outofcore import parse_bytes, state_bytes
 from tests.apps.bigstate import expected_state
+from tests.support.errors import assert_one_line
 from tests.support.processes import Processes, app_path, ctl, resize, run_cli, status, wait_for
 
 E, ROUNDS, MB = 8, 6, 4
@@ -168,7 +169,7 @@ def test_budget_changed_at_run_time_and_memory_falls(tmp_path, monkeypatch):
 @pytest.mark.timeout(60)
 def test_bad_memory_limit_is_one_line():
     res = run_cli(["litz", "run", app_path("noop"), "--memory-limit", "lots", "--no-progress"])
-    assert res.returncode == 2 and "bad memory size 'lots'" in res.stderr
+    assert_one_line(res, "bad memory size 'lots'")
 
 
 @pytest.mark.timeout(90)
