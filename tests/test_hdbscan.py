@@ -28,6 +28,20 @@ def in_process(config: dict, num_executors: int, **kw) -> inprocess.InProcess:
     return inprocess.InProcess(hd.HDBSCANDriver, hd.HDBSCANExecutor, config, num_executors, **kw)
 
 
+def after_phase(kind: str, look) -> object:
+    """An ``after_task`` hook calling ``look(executors)`` once every executor ran its task of phase ``kind``
+    (each phase is one task per executor, and the next starts only after all of them)."""
+    ran = []
+
+    def hook(args, executors) -> None:
+        if args[0] == kind:
+            ran.append(args)
+            if len(ran) == len(executors):
+                look(executors)
+
+    return hook
+
+
 def exact_knn(X: np.ndarray, k: int, metric: str = "euclidean") -> np.ndarray:
     """Distances to the k nearest other points, brute force in float64."""
     X = X.astype(np.float64)
@@ -177,12 +191,11 @@ def test_knn_recall_against_exact(metric: str) -> None:
     config = {"synthetic": 1, "n": 3000, "d": 8, "clusters": 20, "noise": 0.2, "seed": 2, "metric": metric, "k": 10}
     lists = {}
 
-    def grab(args, executors):  # after each task of the phase: the last call sees them all done
-        if args[0] == "F":
-            lists["dist"] = np.concatenate([ex.dist for ex in executors])
-            lists["perm"] = executors[0].perm
+    def grab(executors):
+        lists["dist"] = np.concatenate([ex.dist for ex in executors])
+        lists["perm"] = executors[0].perm
 
-    in_process(config, 4, after_task=grab).run()
+    in_process(config, 4, after_task=after_phase("F", grab)).run()
     exact = exact_knn(X, 10, metric)[lists["perm"]]  # executors hold points in their internal order
     approx = lists["dist"].astype(np.float64)
     tol = 1e-4 * np.abs(exact[:, -1:]) + 1e-4
@@ -201,16 +214,15 @@ def test_mst_weight_equals_scipy_on_the_same_knn_graph(mst: str) -> None:
               "min_samples": 7}
     graph = {}
 
-    def grab(args, executors):  # after each task of the phase: the last call sees them all done
-        if args[0] == "F":
-            ind = np.concatenate([ex.ind for ex in executors])
-            dist = np.concatenate([ex.dist for ex in executors]).astype(np.float64)
-            core = np.concatenate([ex.core for ex in executors]).astype(np.float64)
-            src = np.repeat(np.arange(len(ind)), ind.shape[1])
-            w = np.maximum(dist.reshape(-1), np.maximum(core[src], core[ind.reshape(-1)]))
-            graph["m"] = coo_matrix((w, (src, ind.reshape(-1))), shape=(len(ind), len(ind))).tocsr()
+    def grab(executors):
+        ind = np.concatenate([ex.ind for ex in executors])
+        dist = np.concatenate([ex.dist for ex in executors]).astype(np.float64)
+        core = np.concatenate([ex.core for ex in executors]).astype(np.float64)
+        src = np.repeat(np.arange(len(ind)), ind.shape[1])
+        w = np.maximum(dist.reshape(-1), np.maximum(core[src], core[ind.reshape(-1)]))
+        graph["m"] = coo_matrix((w, (src, ind.reshape(-1))), shape=(len(ind), len(ind))).tocsr()
 
-    result = in_process(config, 5, after_task=grab).run()
+    result = in_process(config, 5, after_task=after_phase("F", grab)).run()
     expected = minimum_spanning_tree(graph["m"])  # both directions of an edge carry the same weight
     assert result["mst_weight"] == pytest.approx(expected.sum(), rel=1e-5)
     assert result["mst"] == mst and result["mst_edges"] == expected.nnz
