@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT
-from tests.test_bad_input import write_app
+from tests.support.badapps import write_app
+from tests.support.processes import ROOT
 
 PRINTER = """
 import os

@@ -2,7 +2,7 @@
 the app's error, naming where it came from: never as a lost worker."""
 import pytest
 
-from tests.test_bad_input import GOOD_DRIVER, assert_clean_failure, run_app, write_app
+from tests.support.badapps import GOOD_DRIVER, assert_clean_failure, run_app, write_app
 
 LOCK_RESULT = GOOD_DRIVER + """
 import threading
@@ -54,7 +54,7 @@ def test_a_result_of_a_class_the_app_defines_reaches_the_driver_as_that_class(mo
     """A fresh interpreter gets the app by value: plain pickle finds no class of that name there (or another one,
     when the app is also importable), so such a result failed the job; the driver gets the app's own class."""
     import litz
-    from tests.helpers import app_path
+    from tests.support.processes import app_path
 
     monkeypatch.setenv("LITZ_SPAWN", spawn)
     assert litz.run(app_path("appclass_result"), workers=2, servers=1, executors=3) == [2, 4, 6]

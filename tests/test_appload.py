@@ -6,8 +6,8 @@ import textwrap
 import pytest
 
 import litz
-from tests.helpers import Processes
-from tests.test_bad_input import assert_clean_failure, run_app
+from tests.support.badapps import assert_clean_failure, run_app
+from tests.support.processes import Processes
 
 HELPER = "def double(x):\n    return 2 * x\n"
 

@@ -17,7 +17,7 @@ from litz.local import SOCKET_DIR_PREFIX
 from litz.membership import Membership, connect_kv
 from litz.security import curve_keypair
 from litz.transport import ZmqEndpoint
-from tests.helpers import Processes, app_path, wait_for
+from tests.support.processes import Processes, app_path, wait_for
 
 HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)

@@ -1,70 +1,16 @@
 """Bad input ends with one clear line on stderr, a non-zero exit, and no process left behind."""
 import textwrap
-import time
 
-import psutil
 import pytest
 
-from tests.helpers import Processes, app_path, run_cli
-
-GOOD_EXECUTOR = "class E(litz.Executor):\n    def run_task(self, a):\n        return a\n"
-GOOD_DRIVER = ("class D(litz.Driver):\n    def dispatch_initial_tasks(self):\n        self.dispatch_task(0, 1)\n"
-               "    def handle_task_completion(self, r):\n        self.finish(r)\n")
-
-
-def write_app(tmp_path, name, body):
-    path = tmp_path / f"{name}.py"
-    path.write_text("import litz\n" + textwrap.dedent(body))
-    return str(path)
-
-
-def job_processes(name: str) -> list:
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if name in " ".join(p.info["cmdline"] or []):
-                found.append(p)
-        except psutil.Error:
-            pass
-    return found
-
-
-def leftovers(name: str, within: float = 5.0) -> list:
-    """The job's processes still alive after ``within`` seconds: a fork server ends when its launcher does
-    (parent-death signal), a moment later on a loaded machine."""
-    deadline = time.monotonic() + within
-    while True:
-        left = []
-        for p in job_processes(name):
-            try:
-                if p.status() != psutil.STATUS_ZOMBIE:
-                    left.append(p)
-            except psutil.Error:
-                pass
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.05)
-
-
-def assert_clean_failure(res, must_contain: str, name: str, code: int | None = None, app_trace: bool = False):
-    assert res.returncode != 0, res.stderr
-    if code is not None:
-        assert res.returncode == code
-    lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
-    assert lines, "nothing on stderr"
-    last = lines[-1]
-    assert last.startswith(("litz: ", "litz run: ")), res.stderr
-    assert must_contain in last, res.stderr
-    if app_trace:
-        assert "Traceback (most recent call last)" in res.stderr
-    else:
-        assert "Traceback" not in res.stderr, res.stderr
-        assert len(lines) == 1, res.stderr
-    assert not leftovers(name), "processes left behind"
-
-
-def run_app(app, name, *extra, timeout=60):
-    return run_cli(["litz", "run", app, "--name", name, "--no-progress", *extra], timeout=timeout)
+from tests.support.badapps import (
+    GOOD_DRIVER,
+    GOOD_EXECUTOR,
+    assert_clean_failure,
+    run_app,
+    write_app,
+)
+from tests.support.processes import Processes, app_path, run_cli
 
 
 @pytest.mark.timeout(60)

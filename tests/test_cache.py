@@ -7,7 +7,8 @@ import pytest
 
 import litz
 from litz.cache import MISS, ParamCache
-from tests.helpers import app_path
+from tests.support.handbuilt import bare_server, bare_worker
+from tests.support.processes import app_path
 
 
 def test_version_rule_without_live():
@@ -87,20 +88,11 @@ def test_other_workers_writes_are_seen(workers, servers, executors, seed):
 
 def _bare_worker():
     """A Worker with only what on_values/on_ack touch (no sockets): messages it sends are recorded."""
-    from collections import deque
+    from litz.worker import Fetch
 
-    from litz.held import HeldTasks
-    from litz.worker import Fetch, SpeedMeasure, Worker
-
-    w = Worker.__new__(Worker)
-    w.cache, w.flushing, w.fetches, w.fetch_by_key, w.runnable, w.sent = ParamCache(), {}, {}, {}, deque(), []
-    w.resent_fids, w.unsettled = {}, {}
-    w.held, w.deferred_done = HeldTasks(), []  # no task sent ahead (after=): DONEs go out at once
-    # the speed measure DONE carries (Worker.__init__ sets it up): no schedstat, nothing held yet
-    w.measure = SpeedMeasure(schedstat=False)
+    w = bare_worker()
     # a DONE is recorded without its timing field (the speed measure's, tested in test_placement.py)
     w.send = lambda peer, msg, pickler=None: w.sent.append((peer, msg[:3] if msg[0] == "done" else msg))
-    w.fail = lambda where, text: w.sent.append(("fail", where, text))
     return w, Fetch
 
 
@@ -328,7 +320,7 @@ def test_ps_get_values_are_read_only_end_to_end():
 
 @pytest.mark.timeout(60)
 def test_writing_into_a_ps_get_value_fails_the_job_naming_the_read_only_value():
-    from tests.helpers import run_cli
+    from tests.support.processes import run_cli
 
     res = run_cli(["litz", "run", app_path("readonly"), "--workers", "1", "--servers", "1", "--executors", "1",
                    "--no-progress", "--config", "write=true"], timeout=60)
@@ -384,23 +376,13 @@ def test_float32_value_with_float64_delta_rounds_the_same_in_place_or_not():
     assert in_place == copied and in_place[0] == np.float32
 
 
-def _bare_server():
-    from litz.outofcore import ShardTables
-    from litz.scar import RunningCheckpoint
-    from litz.server import Server
-
-    s = Server.__new__(Server)
-    s.shards, s.exported, s.running_ckpt = ShardTables("s0"), set(), RunningCheckpoint()
-    return s
-
-
 @pytest.mark.parametrize("delta", [np.full(3, 0.5), 0.5], ids=["array", "py-float"])
 def test_server_refuses_a_float_delta_into_an_int_key_whether_just_read_or_not(delta):
     """The server adds in place unless the value was just read (exported to ZeroMQ): the outcome must not
     depend on that (a float delta was refused in place and truncated otherwise)."""
     errors = []
     for read_first in (False, True):
-        s = _bare_server()
+        s = bare_server()
         try:
             s.update(0, "k", np.arange(3))
             s.update(0, "k", np.ones(3, np.int64))  # now a writable array of its own

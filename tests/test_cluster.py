@@ -8,72 +8,124 @@ import pytest
 
 from litz.membership.etcdkv import RPC_TIMEOUT_S
 from litz.server import FORWARD_SETTLE_S
-from tests.helpers import Processes, app_path, run_cli, status, wait_for
-from tests.test_elasticity import CHAINS, STEPS, check_result, ctl
-
-STEPS_LONG = 4 * STEPS  # long enough for everything the test does while it runs
-
-
-def master_args(etcd: str, name: str, *extra: str) -> list[str]:
-    return ["litz", "master", app_path("chains"), "--etcd", etcd, "--name", name, "--min-workers", "2",
-            "--executors", "12", "--config", f"chains={CHAINS}", f"steps={STEPS_LONG}", "sleep=0.002",
-            "--no-progress", *extra]
+from tests.support.chains import CHAINS, STEPS_LONG, check_result, master_args, role
+from tests.support.etcd import start_one
+from tests.support.processes import Processes, ctl, run_cli, status, wait_for
+from tests.support.scenario import Record, scenario
 
 
-def role(kind: str, etcd: str, name: str, *extra: str) -> list[str]:
-    return ["litz", kind, "--etcd", etcd, "--name", name, *extra]
+@pytest.fixture(scope="module")
+def cluster_job(tmp_path_factory) -> Record:
+    """One cluster job, run once for the tests below: roles started in any order, a second master and a worker
+    with the wrong secret turned away, a scale-out waiting for a worker to join, etcd paused for longer than one
+    call's timeout, a drain, and the end. Each test asserts one point on what it recorded."""
+    tmp = tmp_path_factory.mktemp("cluster-job")
+    etcd = start_one(tmp)
+    e, name, out = etcd.endpoint, "cluster-job", tmp / "out.json"
+    try:
+        etcd.wait_ready()
+        with scenario(str(tmp / "litz-home")) as rec, Processes() as procs:
+            # roles in any order: workers and a server first, then the master
+            procs.start(role("worker", e, name))
+            procs.start(role("server", e, name))
+            # even placement: the tests check the balancer spreads a joining worker's share exactly
+            master = procs.start(master_args(e, name, "--output", str(out), "--placement", "even"))
+            procs.start(role("worker", e, name))
+            wait_for(lambda: (s := status(name, e)) and s["tasks_completed"] > 0, 30, "the cluster job running")
+
+            rec["second master"] = run_cli(master_args(e, name), timeout=30)
+            bad_secret = tmp / "wrong.secret"
+            bad_secret.write_text("not-the-job-secret")
+            rec["intruder"] = run_cli(role("worker", e, name, "--id", "intruder", "--secret-file", str(bad_secret),
+                                           "--start-timeout", "3"), timeout=30)
+            rec["scale"] = ctl(name, "scale", "--workers", "3", etcd=e)
+            procs.start(role("worker", e, name))
+
+            def three_balanced():
+                st = status(name, e)
+                return st and sorted(len(w["executors"]) for w in st["workers"]) == [4, 4, 4] and st
+
+            rec.step("three balanced", wait_for, three_balanced, 30, "a third worker to join and get executors")
+
+            # etcd unreachable for longer than one call's timeout (RPC_TIMEOUT_S): calls fail and are retried, and
+            # no member is taken for lost; the sleep is the outage's length, not a wait
+            etcd.proc.send_signal(signal.SIGSTOP)
+            time.sleep(RPC_TIMEOUT_S + 1.5)
+            etcd.proc.send_signal(signal.SIGCONT)
+            # leases ran out while etcd stood still: every member's keeper writes its key again within a fraction
+            # of the TTL (R3), and until the master's is back litzctl finds no job
+            st = rec.step("registered again", wait_for, lambda: status(name, e), 20,
+                          "the job registered again after the outage")
+            rec["drain"] = ctl(name, "drain", st["workers"][0]["id"], etcd=e)
+            stdout, stderr = master.communicate(timeout=90)
+            rec["master"] = (master.returncode, stdout, stderr)
+            rec["events"] = json.loads(out.read_text())["events"]
+            rec["status after"] = ctl(name, "status", etcd=e)
+    finally:
+        etcd.kill()
+    return rec
 
 
-@pytest.mark.timeout(150)
-def test_cluster_job_with_joins_drains_and_bad_peers(etcd, tmp_path):
-    e, name, out = etcd.endpoint, "cluster-job", tmp_path / "out.json"
-    with Processes() as procs:
-        # roles in any order: workers and a server first, then the master
-        procs.start(role("worker", e, name))
-        procs.start(role("server", e, name))
-        # even placement: the test checks the balancer spreads a joining worker's share exactly
-        master = procs.start(master_args(e, name, "--output", str(out), "--placement", "even"))
-        procs.start(role("worker", e, name))
-        wait_for(lambda: (s := status(name, e)) and s["tasks_completed"] > 0, 30, "the cluster job running")
+CLUSTER_JOB = pytest.mark.timeout(150)  # the first of these tests runs the scenario
 
-        second = run_cli(master_args(e, name), timeout=30)
-        assert second.returncode == 2 and "already has a master" in second.stderr, second.stderr
 
-        bad_secret = tmp_path / "wrong.secret"
-        bad_secret.write_text("not-the-job-secret")
-        intruder = run_cli(role("worker", e, name, "--id", "intruder", "--secret-file", str(bad_secret),
-                                "--start-timeout", "3"), timeout=30)
-        assert intruder.returncode == 2 and "is the job secret right?" in intruder.stderr, intruder.stderr
+@CLUSTER_JOB
+def test_cluster_job_ran_to_its_end_leaving_nothing_behind(cluster_job):
+    assert cluster_job.ended_by is None, repr(cluster_job.ended_by)
 
-        res = ctl(name, "scale", "--workers", "3", etcd=e)
-        assert res.returncode == 0 and "waiting for 1 more worker(s) to join" in res.stdout, res.stderr
-        procs.start(role("worker", e, name))
 
-        def three_balanced():
-            st = status(name, e)
-            return st and sorted(len(w["executors"]) for w in st["workers"]) == [4, 4, 4] and st
+@CLUSTER_JOB
+def test_cluster_job_refuses_a_second_master(cluster_job):
+    second = cluster_job["second master"]
+    assert second.returncode == 2 and "already has a master" in second.stderr, second.stderr
 
-        st = wait_for(three_balanced, 30, "a third worker to join and get executors")
-        assert "intruder" not in json.dumps(st) and len(st["workers"]) == 3
 
-        # etcd unreachable for longer than one call's timeout (RPC_TIMEOUT_S): calls fail and are retried, and no
-        # member is taken for lost (no recovery below); the sleep is the outage's length, not a wait
-        etcd.proc.send_signal(signal.SIGSTOP)
-        time.sleep(RPC_TIMEOUT_S + 1.5)
-        etcd.proc.send_signal(signal.SIGCONT)
-        # leases ran out while etcd stood still: every member's keeper writes its key again within a fraction of
-        # the TTL (R3), and until the master's is back litzctl finds no job
-        wait_for(lambda: status(name, e), 20, "the job registered again after the outage")
+@CLUSTER_JOB
+def test_cluster_job_refuses_a_worker_with_the_wrong_secret(cluster_job):
+    intruder = cluster_job["intruder"]
+    assert intruder.returncode == 2 and "is the job secret right?" in intruder.stderr, intruder.stderr
 
-        res = ctl(name, "drain", st["workers"][0]["id"], etcd=e)
-        assert res.returncode == 0 and "released" in res.stdout, res.stderr
-        stdout, stderr = master.communicate(timeout=90)
-        assert master.returncode == 0, stderr
+
+@CLUSTER_JOB
+def test_cluster_scale_out_waits_for_a_worker_to_join(cluster_job):
+    res = cluster_job["scale"]
+    assert res.returncode == 0 and "waiting for 1 more worker(s) to join" in res.stdout, res.stderr
+
+
+@CLUSTER_JOB
+def test_cluster_joining_worker_gets_an_even_share_and_the_intruder_none(cluster_job):
+    st = cluster_job["three balanced"]
+    assert "intruder" not in json.dumps(st) and len(st["workers"]) == 3
+
+
+@CLUSTER_JOB
+def test_cluster_drain_releases_a_worker_after_an_etcd_pause(cluster_job):
+    res = cluster_job["drain"]
+    assert res.returncode == 0 and "released" in res.stdout, res.stderr
+
+
+@CLUSTER_JOB
+def test_cluster_job_result_is_exact(cluster_job):
+    code, stdout, stderr = cluster_job["master"]
+    assert code == 0, stderr
     check_result(json.loads(stdout), steps=STEPS_LONG)
-    kinds = [ev["kind"] for ev in json.loads(out.read_text())["events"]]
-    assert "scale_out" in kinds and "scale_in" in kinds
-    assert "registry_outage" in kinds and "recovery" not in kinds, kinds  # the outage was felt, and cost nothing
-    assert ctl(name, "status", etcd=e).returncode == 2  # the job left the registry
+
+
+@CLUSTER_JOB
+def test_cluster_job_scaled_out_and_in(cluster_job):
+    kinds = [ev["kind"] for ev in cluster_job["events"]]
+    assert "scale_out" in kinds and "scale_in" in kinds, kinds
+
+
+@CLUSTER_JOB
+def test_cluster_etcd_pause_was_felt_and_cost_no_recovery(cluster_job):
+    kinds = [ev["kind"] for ev in cluster_job["events"]]
+    assert "registry_outage" in kinds and "recovery" not in kinds, kinds
+
+
+@CLUSTER_JOB
+def test_cluster_job_leaves_the_registry_when_it_ends(cluster_job):
+    assert cluster_job["status after"].returncode == 2
 
 
 @pytest.mark.timeout(120)

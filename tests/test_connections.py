@@ -11,7 +11,7 @@ import pytest
 
 from litz import transport
 from litz.transport import ZmqEndpoint
-from tests.helpers import ROOT, free_port
+from tests.support.processes import ROOT, free_port
 
 PEER = textwrap.dedent("""
     import errno, sys, time

@@ -3,8 +3,8 @@ import pytest
 
 import litz
 from tests.apps.chains import SHAPE
-from tests.helpers import app_path
-from tests.test_elasticity import check_result
+from tests.support.chains import check_result
+from tests.support.processes import app_path
 
 
 @pytest.mark.timeout(90)

@@ -15,9 +15,8 @@ import pytest
 from litz import clock
 from litz.control import MAX_AGE_S, NOT_SIGNED, RequestVerifier, sign_request
 from litz.membership import Membership, connect_kv
-from tests.helpers import Processes, run_cli, status, wait_for
-from tests.test_cluster import master_args, role
-from tests.test_elasticity import ctl
+from tests.support.chains import master_args, role
+from tests.support.processes import Processes, ctl, run_cli, status, wait_for
 
 SECRET, JOB, MASTER = "the-job-secret", "job", "m1"
 FLOOD = 40
@@ -133,11 +132,22 @@ def test_requests_forged_in_etcd_are_refused_and_litzctl_needs_the_secret_file(e
         # forgeries written straight into etcd, as anyone who can reach it could
         instance = job.master()["instance"]
 
-        def post(rid: str, doc) -> dict | None:
-            job.kv.put(f"{job.prefix}requests/{rid}", doc)
-            wait_for(lambda: job.kv.get(f"{job.prefix}requests/{rid}") is None, 10, f"the master taking {rid}")
-            time.sleep(0.2)  # its answer, if any, is written right after
+        def answer(rid: str) -> dict | None:
             return job.kv.get(f"{job.prefix}responses/{rid}")
+
+        def handled(rid: str) -> None:
+            """Wait until the master has handled what was posted before: it takes requests oldest first, in one
+            thread, so once a signed request posted now is answered, every earlier one was handled too."""
+            marker = f"after-{rid}"
+            job.kv.put(f"{job.prefix}requests/{marker}", sign_request(secret, name, instance, marker, "plot", {}))
+            wait_for(lambda: answer(marker), 10, f"the master's answer to {marker}")
+
+        def post(rid: str, doc, answered: bool = True) -> dict | None:
+            job.kv.put(f"{job.prefix}requests/{rid}", doc)
+            if answered:
+                return wait_for(lambda: answer(rid), 10, f"the master's answer to {rid}")
+            handled(rid)
+            return answer(rid)
 
         now = time.time()
         assert post("unsigned", {"command": "stop", "args": {}, "t": now}) == {"ok": False, "message": NOT_SIGNED}
@@ -150,12 +160,15 @@ def test_requests_forged_in_etcd_are_refused_and_litzctl_needs_the_secret_file(e
         assert post("replayed", signed)["ok"]
         wait_for(lambda: (s := status(name, e)) and s["checkpoints"] == 1, 30, "the checkpoint")
         job.kv.delete(f"{job.prefix}responses/replayed")
-        assert post("replayed", signed) is None  # refused, and the answer under its id is left alone
+        assert post("replayed", signed, answered=False) is None  # refused, the answer under its id left alone
         for i in range(FLOOD):  # a flood: refused all the same, with a few warnings and a count
             job.kv.put(f"{job.prefix}requests/flood{i}", {"command": "stop", "args": {}, "t": now})
         wait_for(lambda: not job.kv.get_prefix(job.prefix + "requests/"), 30, "the flood taken")
-        time.sleep(1.5)  # a status or two later: still one checkpoint, the job running with w0
-        st = status(name, e)
+        handled("flood")
+        # a status published after the flood was handled: still one checkpoint, the job running with w0
+        before = status(name, e)
+        st = wait_for(lambda: (s := status(name, e)) and s["elapsed_s"] > before["elapsed_s"] and s, 10,
+                      "a status published after the flood")
         assert st["checkpoints"] == 1 and st["state"] == "running" and [w["id"] for w in st["workers"]] == ["w0"]
 
         # with the secret, from the file or the environment, litzctl steers the job

@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 from litz.membership import Membership, connect_kv
-from tests.helpers import ROOT, Processes, app_path, free_port, run_cli, status, wait_for
+from tests.support.processes import ROOT, Processes, app_path, free_port, run_cli, status, wait_for
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium; "
@@ -303,7 +303,7 @@ def test_cluster_mode_dashboard_reads_the_job_from_etcd_and_follows_a_joining_wo
     the open page without a reload."""
     from playwright.sync_api import sync_playwright
 
-    from tests.test_cluster import role
+    from tests.support.chains import role
 
     e, name, port = etcd.endpoint, "dash-cluster", free_port()
     url = f"http://127.0.0.1:{port}/"

@@ -11,7 +11,7 @@ import litz
 from litz import held
 from litz.sim import run_schedule
 from litz.sim.schedule import EVENTS, plan
-from tests.helpers import app_path
+from tests.support.processes import app_path
 
 SEEDS = range(40)
 

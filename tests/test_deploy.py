@@ -22,8 +22,8 @@ import yaml
 
 from litz.cli import litz as litz_cli
 from litz.cli import litzctl as litzctl_cli
-from tests.conftest import EtcdServer, start_etcd
-from tests.helpers import free_port, run_cli
+from tests.support.etcd import start_one
+from tests.support.processes import run_cli
 
 DEPLOY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "deploy")
 K8S = os.path.join(DEPLOY, "kubernetes")
@@ -418,17 +418,10 @@ def test_etcd_with_these_certificates_accepts_litz_with_the_client_certificate_o
     certs = tmp_path / "certs"
     assert make_certs(certs).returncode == 0
 
-    def make(attempt: int) -> list[EtcdServer]:
-        client, peer = free_port(), free_port()
-        server = EtcdServer("tls", str(tmp_path / f"etcd-{attempt}"), client, peer, f"tls=http://127.0.0.1:{peer}")
-        server.argv = [a.replace(f"http://127.0.0.1:{client}", f"https://127.0.0.1:{client}") for a in server.argv]
-        server.argv += ["--cert-file", str(certs / "server.crt"), "--key-file", str(certs / "server.key"),
-                        "--client-cert-auth", "--trusted-ca-file", str(certs / "ca.crt")]
-        return [server]
-
     tls = ["--etcd-cacert", str(certs / "ca.crt"), "--etcd-cert", str(certs / "client.crt"),
            "--etcd-key", str(certs / "client.key")]
-    [server] = start_etcd(make)
+    server = start_one(tmp_path, "tls", tls=(str(certs / "server.crt"), str(certs / "server.key"),
+                                             str(certs / "ca.crt")))
     client = server.client
     try:
         # litzctl waits for etcd (--etcd-timeout), as the scripts and the init containers rely on

@@ -13,7 +13,7 @@ import pytest
 
 import litz
 from litz.job import JOB_OPTIONS
-from tests.helpers import ROOT
+from tests.support.processes import ROOT
 
 DOCS = ["README.md", "docs/*.md", "apps/*/README.md", "bench/README.md", "bench/HISTORY.md", "deploy/README.md"]
 LINK = re.compile(r"\]\(([^)\s]+)\)")  # [text](target)

@@ -4,11 +4,7 @@ import json
 
 import pytest
 
-from tests.helpers import Processes, app_path, run_cli, status, wait_for
-
-
-def ctl(name: str, *args: str):
-    return run_cli(["litzctl", "--name", name, *args], timeout=120)
+from tests.support.processes import Processes, app_path, ctl, run_cli, status, wait_for
 
 
 def check(result: dict) -> None:

@@ -10,53 +10,34 @@ import signal
 import numpy as np
 import pytest
 
-from tests.apps.chains import DTYPES, SHAPE
-from tests.helpers import Processes, app_path, bare_server, run_cli, status, wait_for
+from tests.support.chains import CHAINS, STEPS, check_result
+from tests.support.errors import assert_one_line
+from tests.support.handbuilt import bare_master, bare_server, bare_worker
+from tests.support.processes import Processes, app_path, ctl, status, wait_for
+from tests.support.scenario import Record, scenario
 
-CHAINS, STEPS = 24, 150
 LONG = 400  # a job that outlasts a test's whole script of litzctl calls, even on a loaded machine
-
-
-def check_result(result: dict, steps: int = STEPS, chains: int = CHAINS, shape: tuple = SHAPE) -> None:
-    """The chains app's result is exact: no consistency violation, every task ran once, and every update to
-    every key was applied exactly once (each array element got all n, so none was lost, doubled or
-    overwritten), while a key nobody updated stays absent."""
-    n = chains * steps
-    assert result["violations"] == []
-    assert result["total"] == n and result["tasks_ran"] == n
-    assert result["missing"] is None
-    assert sorted(result["arrays"]) == sorted(DTYPES)
-    for d in DTYPES:
-        dtype, got_shape, total, low, high = result["arrays"][d]
-        assert dtype == d and tuple(got_shape) == tuple(shape), (d, dtype, got_shape)
-        assert total == n * shape[0] * shape[1], d
-        assert low == high == n, (d, low, high)
-
-
-def ctl(name: str, *args: str, etcd: str | None = None):
-    return run_cli(["litzctl", *(["--etcd", etcd] if etcd else []), "--name", name, *args], timeout=120)
 
 
 def counts(st: dict) -> tuple[int, int]:
     return len(st["workers"]), len(st["servers"])
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("transport", ["unix", "zmq"])
-def test_scale_out_then_in_during_a_job(tmp_path, monkeypatch, transport):
-    """Also over ZeroMQ (``LITZ_TRANSPORT=zmq``), the carrier jobs across hosts use."""
-    monkeypatch.setenv("LITZ_TRANSPORT", transport)
-    name, out = f"elastic-local-{transport}", tmp_path / "out.json"
-    with Processes() as procs:
+@pytest.fixture(scope="module", params=["unix", "zmq"])
+def elastic_job(request, tmp_path_factory) -> Record:
+    """One job scaled out, drained and scaled in while it runs, once per carrier: also over ZeroMQ
+    (``LITZ_TRANSPORT=zmq``), the carrier jobs across hosts use. Each test asserts one point on the record."""
+    transport = request.param
+    tmp = tmp_path_factory.mktemp(f"elastic-{transport}")
+    name, out = f"elastic-local-{transport}", tmp / "out.json"
+    with pytest.MonkeyPatch.context() as mp, scenario(str(tmp / "litz-home")) as rec, Processes() as procs:
+        mp.setenv("LITZ_TRANSPORT", transport)
         job = procs.start(["litz", "run", app_path("chains"), "--name", name, "--executors", "16",
-                           "--placement", "even",  # the test checks the exact even spread after scale-out
+                           "--placement", "even",  # the tests check the exact even spread after scale-out
                            "--config", f"chains={CHAINS}", f"steps={LONG}", "sleep=0.004",
                            "--output", str(out), "--no-progress"])
         wait_for(lambda: status(name), 30, "the job's status")
-        res = ctl(name, "scale", "--workers", "4", "--servers", "3")
-        assert res.returncode == 0, res.stderr
-        assert "starting 2 worker(s)" in res.stdout and "starting 2 server(s)" in res.stdout
-
+        rec["scale out"] = ctl(name, "scale", "--workers", "4", "--servers", "3")
         seen = {}
 
         def balanced():
@@ -64,32 +45,82 @@ def test_scale_out_then_in_during_a_job(tmp_path, monkeypatch, transport):
             return st and (sorted(len(w["executors"]) for w in st["workers"]) == [4, 4, 4, 4]
                            and sorted(len(s["shards"]) for s in st["servers"]) == [21, 21, 22]) and st
 
-        try:
-            st = wait_for(balanced, 30, "16 executors spread 4/4/4/4 and 64 shards 21/21/22")
-        except AssertionError as exc:  # say where it got stuck
-            last = seen.get("last") or {}
-            workers = [(w["id"], w["executors"]) for w in last.get("workers", [])]
-            servers = [(s["id"], len(s["shards"])) for s in last.get("servers", [])]
-            raise AssertionError(f"{exc}; last status: workers {workers}, servers {servers}") from None
-        assert all(w["pid"] and w["id"] for w in st["workers"])
-        res = ctl(name, "drain", "w0", "s0")  # waits until both have exited
-        assert res.returncode == 0 and "released w0, s0" in res.stdout, res.stderr
-        st = wait_for(lambda: (s := status(name)) and counts(s) == (3, 2) and s, 10, "w0 and s0 gone")
-        assert {w["id"] for w in st["workers"]} == {"w1", "w2", "w3"}
-        res = ctl(name, "scale", "--workers", "2")
-        assert res.returncode == 0 and "released w3" in res.stdout, res.stdout + res.stderr
+        def wait_balanced():
+            try:
+                return wait_for(balanced, 30, "16 executors spread 4/4/4/4 and 64 shards 21/21/22")
+            except AssertionError as exc:  # say where it got stuck
+                last = seen.get("last") or {}
+                workers = [(w["id"], w["executors"]) for w in last.get("workers", [])]
+                servers = [(s["id"], len(s["shards"])) for s in last.get("servers", [])]
+                raise AssertionError(f"{exc}; last status: workers {workers}, servers {servers}") from None
+
+        rec.step("balanced", wait_balanced)
+        rec["drain"] = ctl(name, "drain", "w0", "s0")  # waits until both have exited
+        rec.step("after drain", wait_for, lambda: (s := status(name)) and counts(s) == (3, 2) and s, 10,
+                 "w0 and s0 gone")
+        rec["scale in"] = ctl(name, "scale", "--workers", "2")
         stdout, stderr = job.communicate(timeout=90)
-        assert job.returncode == 0, stderr
+        rec["job"] = (job.returncode, stdout, stderr)
+        rec["events"] = json.loads(out.read_text())["events"]
+    return rec
+
+
+ELASTIC_JOB = pytest.mark.timeout(120)  # the first of these tests runs the scenario
+
+
+@ELASTIC_JOB
+def test_scale_out_in_and_drain_ran_to_the_end_leaving_nothing_behind(elastic_job):
+    assert elastic_job.ended_by is None, repr(elastic_job.ended_by)
+
+
+@ELASTIC_JOB
+def test_scale_out_starts_the_missing_workers_and_servers(elastic_job):
+    res = elastic_job["scale out"]
+    assert res.returncode == 0, res.stderr
+    assert "starting 2 worker(s)" in res.stdout and "starting 2 server(s)" in res.stdout, res.stdout
+
+
+@ELASTIC_JOB
+def test_scale_out_spreads_executors_and_shards_evenly(elastic_job):
+    st = elastic_job["balanced"]
+    assert all(w["pid"] and w["id"] for w in st["workers"])
+
+
+@ELASTIC_JOB
+def test_drain_releases_the_named_worker_and_server(elastic_job):
+    res = elastic_job["drain"]
+    assert res.returncode == 0 and "released w0, s0" in res.stdout, res.stderr
+    assert {w["id"] for w in elastic_job["after drain"]["workers"]} == {"w1", "w2", "w3"}
+
+
+@ELASTIC_JOB
+def test_scale_in_releases_the_newest_worker(elastic_job):
+    res = elastic_job["scale in"]
+    assert res.returncode == 0 and "released w3" in res.stdout, res.stdout + res.stderr
+
+
+@ELASTIC_JOB
+def test_scaled_job_result_is_exact(elastic_job):
+    code, stdout, stderr = elastic_job["job"]
+    assert code == 0, stderr
     check_result(json.loads(stdout), steps=LONG)
-    events = json.loads(out.read_text())["events"]
+
+
+@ELASTIC_JOB
+def test_scale_events_say_what_moved_and_when(elastic_job):
+    events = elastic_job["events"]
     kinds = [e["kind"] for e in events]
-    assert kinds.count("scale_in") >= 2 and "scale_out" in kinds
+    assert kinds.count("scale_in") >= 2 and "scale_out" in kinds, kinds
     for e in events:
         if e["kind"] in ("scale_out", "scale_in"):
-            assert e["end"] >= e["t"] and e["duration_s"] >= 0
-            assert e["executors_moved"] + e["shards_moved"] > 0
-    out_ev = next(e for e in events if e["kind"] == "scale_out" and e["executors_moved"])
-    assert out_ev["bytes"] >= 8000  # scale-out sends input data (1000 float64 per executor) from memory
+            assert e["end"] >= e["t"] and e["duration_s"] >= 0, e
+            assert e["executors_moved"] + e["shards_moved"] > 0, e
+
+
+@ELASTIC_JOB
+def test_scale_out_sends_input_data_from_memory(elastic_job):
+    out_ev = next(e for e in elastic_job["events"] if e["kind"] == "scale_out" and e["executors_moved"])
+    assert out_ev["bytes"] >= 8000  # 1000 float64 per executor
 
 
 @pytest.mark.timeout(120)
@@ -138,9 +169,7 @@ def test_refusals_and_unknowns(tmp_path):
             (["drain", "s0"], "would leave no active server"),
             (["drain", "w9"], "unknown process id(s): w9"),
         ]:
-            res = ctl(name, *args)
-            assert res.returncode == 2 and message in res.stderr, (args, res.stderr)
-            assert len(res.stderr.strip().splitlines()) == 1
+            assert_one_line(ctl(name, *args), message)
         res = ctl("no-such-job", "status")
         assert res.returncode == 2 and "no running job named 'no-such-job'" in res.stderr
         png = tmp_path / "job.png"
@@ -178,23 +207,9 @@ def test_a_task_for_an_executor_waiting_to_move_travels_with_it(tmp_path):
     """A task dispatched to an executor that a move order reached first (it waits for a started task to end)
     must go with the executor's state. It was queued to run here, and once the executor had shipped it
     failed with KeyError (or was lost with a worker that retired)."""
-    from collections import defaultdict, deque
-
     from litz import protocol as P
-    from litz.api import Executor
-    from litz.cache import ParamCache
-    from litz.held import HeldTasks
-    from litz.outofcore import Residency
-    from litz.worker import Worker
 
-    w = Worker.__new__(Worker)
-    w.ident, w.sent, w.executor_cls, w.config, w.num_executors = "w0", [], Executor, {}, 1
-    w.send = lambda peer, msg, pickler=None: w.sent.append((peer, msg))
-    w.executors, w.runnable, w.cache, w.lost_servers, w.gen = {}, deque(), ParamCache(), set(), 0
-    w.moving, w.copied, w.moved_to, w.started = {}, {}, {}, defaultdict(int)
-    w.pending, w.waiting_load = defaultdict(int), defaultdict(list)
-    w.residency = Residency("w0", spill_root=str(tmp_path))
-    w.held, w.deferred_done = HeldTasks(), []  # no task sent ahead (after=)
+    w = bare_worker("w0", spill_root=str(tmp_path))
     w.install(0, {})
     w.started[0] = 1  # a task of executor 0 is under way (waiting for a value)
     w.handle("master", (P.MOVE_EXECUTOR, 0, "w1", False, True))
@@ -217,19 +232,15 @@ def test_a_worker_joining_as_a_shard_move_ends_is_not_awaited_by_the_old_owner()
     from litz.owners import Placement
     from litz.placement import EvenPolicy
 
-    class Fake(SimpleNamespace):  # the master's views of its maps
-        shard_owner, moving_shards = Master.shard_owner, Master.moving_shards
-        moving_executors, copying_input = Master.moving_executors, Master.copying_input
-
     owners = Placement(EvenPolicy())
     owners.place(["w0"], ["s0", "s1"], 2, 2)
     owners.start_shard_move(0, "s1")
     sent = []
-    m = Fake(map_version=3, map_dirty=False, owners=owners, last_owned={"s0": 3, "s1": 3}, operation=None,
-             app=SimpleNamespace(token="t", executor_blob=lambda: b""), config={}, num_executors=2,
-             memory_limit=None, send=lambda ident, msg: sent.append((ident, msg)),
-             maybe_end_operation=lambda: None, exit_fences={})
-    m.map_message = lambda: Master.map_message(m)
+    m = bare_master(("shard_owner", "moving_shards", "moving_executors", "copying_input", "map_message"),
+                    map_version=3, map_dirty=False, owners=owners, last_owned={"s0": 3, "s1": 3}, operation=None,
+                    app=SimpleNamespace(token="t", executor_blob=lambda: b""), config={}, num_executors=2,
+                    memory_limit=None, send=lambda ident, msg: sent.append((ident, msg)),
+                    maybe_end_operation=lambda: None, exit_fences={})
     m.workers = {"w0": Member("w0", "worker", {})}
     m.workers["w0"].first_map = 0
     m.servers = {"s0": Member("s0", "server", {}), "s1": Member("s1", "server", {})}

@@ -9,6 +9,7 @@ from litz.endpoint import Endpoint, open_endpoint, register_carrier
 from litz.errors import LitzError
 from litz.localtransport import LocalEndpoint
 from litz.transport import ZmqEndpoint
+from tests.support.processes import wait_for
 
 
 def _open_pair(kind: str, tmp_path) -> tuple[Endpoint, Endpoint]:
@@ -89,13 +90,7 @@ def test_wait_tells_an_extra_fd_from_a_message(kind, tmp_path, monkeypatch):
         assert got == [("a", ("hello", 1))]
         os.write(w, b"x")
         a.send("b", ("again",))
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            ready, fds = b.wait(1000, (r,))
-            if ready and fds == {r}:
-                break
-            time.sleep(0.01)  # the message may be on its way still
-        assert (ready, fds) == (True, {r})
+        wait_for(lambda: b.wait(1000, (r,)) == (True, {r}), 10, "the message and the descriptor both ready")
         assert list(b.drain()) == [("a", ("again",))]
     finally:
         os.close(r)

@@ -10,9 +10,8 @@ import time
 import pytest
 
 from litz.membership.etcdkv import EtcdKV
-from tests.helpers import Processes, app_path, run_cli, status, wait_for
-from tests.test_cluster import role
-from tests.test_elasticity import CHAINS, check_result
+from tests.support.chains import CHAINS, check_result, role
+from tests.support.processes import Processes, app_path, run_cli, status, wait_for
 
 STEPS = 900  # long enough to outlast the outages below on a loaded machine
 
@@ -53,7 +52,7 @@ def test_a_two_second_outage_costs_nothing(etcd, tmp_path):
         master = start_job(procs, e, name, out)
         before = wait_for(lambda: (s := status(name, e)) and s["tasks_completed"] > 200 and s, 60, "the job running")
         etcd.kill()
-        time.sleep(2.0)
+        time.sleep(2.0)  # not a wait: the outage's length, what this test is about
         etcd.restart()
         after = wait_for(lambda: (s := status(name, e)) and s["tasks_completed"] > before["tasks_completed"] and s,
                          30, "status again after the outage")
@@ -79,7 +78,7 @@ def test_training_goes_on_through_a_long_outage_and_the_job_ends_cleanly_after(e
         # the master writes --output once the driver finished, before it takes its keys out of etcd: the job
         # trains to its end with etcd down
         wait_for(lambda: out.exists(), 90, "the job to finish while etcd is down")
-        time.sleep(max(0.0, 20.0 - (time.time() - down)))
+        time.sleep(max(0.0, 20.0 - (time.time() - down)))  # not a wait: the outage lasts at least 20 s
         assert master.poll() is None  # waiting to remove the job's keys
         etcd.restart()
         finish(master, out, steps)
@@ -198,12 +197,12 @@ def test_a_lease_outlives_a_sixty_second_outage(etcd):
     m.register("worker", "w0", {"address": "tcp://127.0.0.1:1"})
     try:
         etcd.kill()
-        time.sleep(60)
+        time.sleep(60)  # not a wait: the outage's length, what this test is about
         etcd.restart()
         back = time.time()
         wait_for(lambda: m.registry_down_since() is None, 10, "the keeper to reach etcd again")
         assert time.time() - back < m.ttl, "later than a lease's TTL after etcd came back"
-        time.sleep(m.ttl)
+        time.sleep(m.ttl)  # a window in which nothing may happen: the lease must hold for a whole TTL
         assert m.reregistrations == 0 and m.member("w0") is not None  # the same lease held
     finally:
         m.unregister()

@@ -6,9 +6,10 @@ import sys
 
 import pytest
 
-from tests.conftest import EtcdServer, start_etcd
-from tests.helpers import Processes, app_path, free_port, run_cli, wait_for
-from tests.test_elasticity import CHAINS, check_result
+from tests.support.chains import CHAINS, check_result
+from tests.support.errors import assert_one_line
+from tests.support.etcd import start_one
+from tests.support.processes import Processes, app_path, run_cli, wait_for
 
 STEPS = 150
 
@@ -67,16 +68,8 @@ def enable_auth(endpoint: str, tls: dict, password: str) -> None:
 def secure_etcd(tmp_path):
     tls = make_certificates(tmp_path)
 
-    def make(attempt: int) -> list[EtcdServer]:
-        client, peer = free_port(), free_port()
-        server = EtcdServer("secure", str(tmp_path / f"etcd-{attempt}"), client, peer,
-                            f"secure=http://127.0.0.1:{peer}")
-        server.argv = [a.replace(f"http://127.0.0.1:{client}", f"https://127.0.0.1:{client}") for a in server.argv]
-        server.argv += ["--cert-file", tls["server_cert"], "--key-file", tls["server_key"], "--client-cert-auth",
-                        "--trusted-ca-file", tls["ca"], "--auth-token-ttl", "1"]  # tokens expire during the job
-        return [server]
-
-    [server] = start_etcd(make)
+    server = start_one(tmp_path, "secure", tls=(tls["server_cert"], tls["server_key"], tls["ca"]),
+                       extra=("--auth-token-ttl", "1"))  # tokens expire during the job
     try:
         wait_for(lambda: subprocess.run(["openssl", "s_client", "-connect", server.endpoint, "-CAfile", tls["ca"],
                                          "-cert", tls["cert"], "-key", tls["key"]], input=b"", capture_output=True,
@@ -121,16 +114,14 @@ def test_wrong_credentials_and_plain_connections_are_one_line_errors(secure_etcd
     wrong.write_text("not-it\n")
     res = run_cli(["litzctl", *tls_args, "--etcd-user", "litz", "--etcd-password-file", str(wrong), "list"],
                   timeout=30)
-    assert res.returncode == 2 and "authentication failed" in res.stderr, res.stderr
-    assert len(res.stderr.strip().splitlines()) == 1
+    assert_one_line(res, "authentication failed")
 
     # without TLS the server is unreachable: said in one line, after --etcd-timeout
-    res = run_cli(["litzctl", "--etcd", server.endpoint, "--etcd-timeout", "2", "list"], timeout=30)
-    assert res.returncode == 2 and "unreachable since" in res.stderr, res.stderr
+    assert_one_line(run_cli(["litzctl", "--etcd", server.endpoint, "--etcd-timeout", "2", "list"], timeout=30),
+                    "unreachable since")
 
     # TLS but no user, where etcd requires one: reading the registry is refused, in one line
-    res = run_cli(["litzctl", *tls_args, "list"], timeout=30)
-    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert_one_line(run_cli(["litzctl", *tls_args, "list"], timeout=30))
 
     res = run_cli(["litzctl", *tls_args[:2], "--etcd-cert", tls["cert"], "list"], timeout=30)
     assert res.returncode == 2 and "--etcd-cert and --etcd-key go together" in res.stderr, res.stderr

@@ -5,7 +5,7 @@ import os
 import pytest
 
 import litz
-from tests.helpers import ROOT
+from tests.support.processes import ROOT
 
 
 @pytest.mark.timeout(60)

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from tests.helpers import Processes, app_path, run_cli, status, wait_for
+from tests.support.processes import Processes, app_path, run_cli, status, wait_for
 
 LDA_SMALL = ["synthetic=1", "docs=300", "vocab=200", "topics=8", "epochs=3"]
 FIRST_RUN = "compiling kernels (first run only)"

@@ -12,7 +12,7 @@ import pytest
 
 import litz
 from litz.forkserver import ForkServer, blas_threads, set_blas_threads, threads_unsafe_to_fork
-from tests.helpers import Processes, app_path, run_in_fresh_process, status, wait_for
+from tests.support.processes import Processes, app_path, run_in_fresh_process, status, wait_for
 
 
 @pytest.fixture

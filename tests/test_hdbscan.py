@@ -1,7 +1,7 @@
 """apps.hdbscan: NN-Descent recall, the MST against scipy, clusters against the ``hdbscan`` library, edge cases.
 
-``InProcess`` drives the app's Driver and Executors sequentially in this process against a dict parameter
-server (additive updates, as the real one), so tests can look at the executors' kNN lists. The ``litz_run``
+``in_process`` drives the app's Driver and Executors in this process against a dict parameter server
+(tests/support/inprocess.py), so tests can look at the executors' kNN lists after a phase. The ``litz_run``
 tests run the real thing through ``litz.run`` with worker and server processes.
 
 Before the first test, whichever it is, ``litz warmup`` compiles the numba kernels into their on-disk cache
@@ -18,61 +18,28 @@ import pytest
 import apps.hdbscan as hd
 import litz
 from apps.hdbscan import data, mailbox, tree
+from tests.support import inprocess
+from tests.support.errors import assert_one_line
 
 LOCAL = {"workers": 2, "servers": 1}
 
 
-class InProcess:
-    """A minimal sequential stand-in for the runtime: phases run one task at a time, in executor order."""
+def in_process(config: dict, num_executors: int, **kw) -> inprocess.InProcess:
+    return inprocess.InProcess(hd.HDBSCANDriver, hd.HDBSCANExecutor, config, num_executors, **kw)
 
-    def __init__(self, config: dict, num_executors: int) -> None:
-        self.ps: dict = {}
-        self.queue: list = []
-        self.result = None
-        self.finished = False
-        self.on_result = None  # optional hook(kind, executors) called after each completed phase task
-        self.driver = hd.HDBSCANDriver()
-        self.driver.config, self.driver.num_executors, self.driver._litz = config, num_executors, self
-        self.executors = []
-        for e in range(num_executors):
-            ex = hd.HDBSCANExecutor()
-            ex.executor_id, ex.num_executors, ex.config, ex._litz = e, num_executors, config, self
-            ex.load_input()
-            self.executors.append(ex)
 
-    def dispatch_task(self, executor: int, args: object) -> None:
-        self.queue.append((executor, args))
+def after_phase(kind: str, look) -> object:
+    """An ``after_task`` hook calling ``look(executors)`` once every executor ran its task of phase ``kind``
+    (each phase is one task per executor, and the next starts only after all of them)."""
+    ran = []
 
-    def report(self, metrics: dict, t: float) -> None:
-        pass
+    def hook(args, executors) -> None:
+        if args[0] == kind:
+            ran.append(args)
+            if len(ran) == len(executors):
+                look(executors)
 
-    def finish(self, result: object) -> None:
-        self.result, self.finished = result, True
-
-    def ps_get(self, key):
-        return self.ps.get(key)
-
-    def ps_get_many(self, keys):
-        return [self.ps.get(k) for k in keys]
-
-    def ps_update(self, key, delta) -> None:
-        self.ps_update_many([(key, delta)])
-
-    def ps_update_many(self, items) -> None:
-        for key, delta in items:
-            old = self.ps.get(key)
-            self.ps[key] = np.array(delta, copy=True) if old is None else old + delta
-
-    def run(self) -> dict:
-        self.driver.dispatch_initial_tasks()
-        while not self.finished:
-            batch, self.queue = self.queue, []
-            results = [self.executors[e].run_task(args) for e, args in batch]
-            if self.on_result and batch:
-                self.on_result(batch[0][1][0], self.executors)
-            for r in results:
-                self.driver.handle_task_completion(r)
-        return self.result
+    return hook
 
 
 def exact_knn(X: np.ndarray, k: int, metric: str = "euclidean") -> np.ndarray:
@@ -121,7 +88,7 @@ def test_both_mst_paths_run_in_process() -> None:
     """Kruskal and Borůvka paths, both partitionings, in this process (its kernels loaded from the cache)."""
     for extra in ({"mst": "kruskal"}, {"mst": "boruvka", "partition": "block", "dmax_filter": 0}):
         config = {"synthetic": 1, "n": 2000, "d": 4, "clusters": 10, "noise": 0.1, "check_recall": 1, **extra}
-        result = InProcess(config, 3).run()
+        result = in_process(config, 3).run()
         assert result["knn_recall"] >= 0.95 and 8 <= result["clusters"] <= 14, result
         assert result["mst"] == extra["mst"]
 
@@ -222,16 +189,13 @@ def test_mailbox_slots_are_exact_when_reused() -> None:
 def test_knn_recall_against_exact(metric: str) -> None:
     X, _ = data.synthetic(3000, 8, 20, 0.2, seed=2)
     config = {"synthetic": 1, "n": 3000, "d": 8, "clusters": 20, "noise": 0.2, "seed": 2, "metric": metric, "k": 10}
-    run = InProcess(config, 4)
     lists = {}
 
-    def grab(kind, executors):
-        if kind == "F":
-            lists["dist"] = np.concatenate([ex.dist for ex in executors])
-            lists["perm"] = executors[0].perm
+    def grab(executors):
+        lists["dist"] = np.concatenate([ex.dist for ex in executors])
+        lists["perm"] = executors[0].perm
 
-    run.on_result = grab
-    run.run()
+    in_process(config, 4, after_task=after_phase("F", grab)).run()
     exact = exact_knn(X, 10, metric)[lists["perm"]]  # executors hold points in their internal order
     approx = lists["dist"].astype(np.float64)
     tol = 1e-4 * np.abs(exact[:, -1:]) + 1e-4
@@ -248,20 +212,17 @@ def test_mst_weight_equals_scipy_on_the_same_knn_graph(mst: str) -> None:
 
     config = {"synthetic": 1, "n": 4000, "d": 6, "clusters": 40, "noise": 0.2, "seed": 3, "mst": mst,
               "min_samples": 7}
-    run = InProcess(config, 5)
     graph = {}
 
-    def grab(kind, executors):
-        if kind == "F":
-            ind = np.concatenate([ex.ind for ex in executors])
-            dist = np.concatenate([ex.dist for ex in executors]).astype(np.float64)
-            core = np.concatenate([ex.core for ex in executors]).astype(np.float64)
-            src = np.repeat(np.arange(len(ind)), ind.shape[1])
-            w = np.maximum(dist.reshape(-1), np.maximum(core[src], core[ind.reshape(-1)]))
-            graph["m"] = coo_matrix((w, (src, ind.reshape(-1))), shape=(len(ind), len(ind))).tocsr()
+    def grab(executors):
+        ind = np.concatenate([ex.ind for ex in executors])
+        dist = np.concatenate([ex.dist for ex in executors]).astype(np.float64)
+        core = np.concatenate([ex.core for ex in executors]).astype(np.float64)
+        src = np.repeat(np.arange(len(ind)), ind.shape[1])
+        w = np.maximum(dist.reshape(-1), np.maximum(core[src], core[ind.reshape(-1)]))
+        graph["m"] = coo_matrix((w, (src, ind.reshape(-1))), shape=(len(ind), len(ind))).tocsr()
 
-    run.on_result = grab
-    result = run.run()
+    result = in_process(config, 5, after_task=after_phase("F", grab)).run()
     expected = minimum_spanning_tree(graph["m"])  # both directions of an edge carry the same weight
     assert result["mst_weight"] == pytest.approx(expected.sum(), rel=1e-5)
     assert result["mst"] == mst and result["mst_edges"] == expected.nnz
@@ -398,16 +359,14 @@ def test_bad_config_values_are_one_line_errors(tmp_path) -> None:
 
 @pytest.mark.timeout(60, func_only=True)
 def test_bad_input_on_the_command_line_is_one_line(tmp_path) -> None:
-    from tests.helpers import run_cli
+    from tests.support.processes import run_cli
 
     bad = np.ones((20, 2), np.float32)
     bad[3, 1] = np.nan
     np.save(tmp_path / "nan.npy", bad)
     res = run_cli(["litz", "run", "apps.hdbscan", "--no-progress", "--workers", "1", "--config",
                    f"input={tmp_path / 'nan.npy'}"], timeout=50)
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert res.returncode != 0 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
-    assert "1 NaN value(s) in the data; the first at row 3, column 1" in lines[0]
+    assert_one_line(res, "1 NaN value(s) in the data; the first at row 3, column 1", code=None)
 
 
 def test_per_process_caches_never_serve_another_arrays_points() -> None:
@@ -469,7 +428,7 @@ import apps.hdbscan as hd
 import litz.kernels
 from apps.hdbscan import knn, tree
 litz.kernels.compile_all(hd.KERNELS)  # what `litz warmup` does; a cold cache loads nothing at import
-from tests.inprocess import InProcess
+from tests.support.inprocess import InProcess
 loaded = {(m.__name__, name): getattr(m, name).signatures for m in (knn, tree) for name in m.SIGNATURES}
 assert all(len(s) == 1 for s in loaded.values()), loaded
 for extra in ({"mst": "kruskal", "check_recall": 1}, {"mst": "boruvka", "partition": "block", "dmax_filter": 0},

@@ -16,27 +16,12 @@ import pytest
 import apps.kmeans as km
 import litz
 from apps.kmeans import data, model
-from apps.kmeans.settings import Settings
-from tests import inprocess
+from tests.support import inprocess
+from tests.support.reference import full_kmeans_data as full_data
+from tests.support.reference import rel, sklearn_objective
 
 # overlapping blobs and more centres than blobs: the optimum is not simply the true centres
 CONFIG = {"synthetic": 1, "n": 40_000, "d": 8, "k": 20, "blobs": 10, "spread": 5.0, "epochs": 5, "batch": 1000}
-
-
-def full_data(config: dict) -> np.ndarray:
-    s = Settings.from_config(config)
-    return data.synthetic_rows(0, s.n, d=s.d, blobs=s.blobs, seed=s.seed, spread=s.spread)
-
-
-def sklearn_objective(config: dict) -> float:
-    from sklearn.cluster import KMeans
-
-    X = full_data(config)
-    return KMeans(config["k"], n_init=3, random_state=0).fit(X).inertia_ / len(X)
-
-
-def rel(a: float, b: float) -> float:
-    return abs(a - b) / abs(b)
 
 
 def in_process(config: dict, num_executors: int, **kw) -> inprocess.InProcess:

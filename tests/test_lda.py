@@ -22,8 +22,8 @@ import litz
 from apps.lda import data, topic_recovery
 from apps.lda.settings import Settings
 from litz.cache import add_into, check_delta
-from tests import inprocess
-from tests.helpers import Processes, run_cli, wait_for
+from tests.support import inprocess
+from tests.support.processes import Processes, ctl, run_cli, wait_for
 
 CORPUS = {"synthetic": 1, "docs": 3000, "vocab": 1000, "topics": 20, "doc_length": 100, "seed": 0}
 SMALL = {"synthetic": 1, "docs": 1200, "vocab": 600, "topics": 8, "doc_length": 60, "seed": 1}
@@ -249,10 +249,6 @@ def job_status(name: str) -> dict | None:
     return Membership(connect_kv(), name).get("status")
 
 
-def ctl(name: str, *args: str):
-    return run_cli(["litzctl", "--name", name, *args], timeout=30)
-
-
 def endless(name: str, executors: int, *extra: str) -> list[str]:
     config = [f"{k}={v}" for k, v in SMALL.items()]
     return ["litz", "run", "apps.lda", "--name", name, "--executors", str(executors), "--no-progress",
@@ -338,9 +334,22 @@ def test_killed_server_with_partial_recovery_recounts_the_counts(tmp_path) -> No
             return counts_reports(m) and ckpt.is_dir() and any(p.name.startswith("ckpt-") for p in ckpt.iterdir())
 
         wait_for(checkpointed, 20, "a checked epoch and a checkpoint")
-        # the kill (litzctl starts in ~0.3 s) lands about 0.7 s after the checkpoint, 1.3 s before the next: the
-        # counts move on in between (a kill right after a checkpoint would leave nothing stale to recount)
-        time.sleep(0.4)
+
+        def newest_checkpoint() -> float:
+            """When the newest checkpoint was written (older ones are pruned meanwhile: keep 3)."""
+            times = []
+            for p in ckpt.iterdir():
+                try:
+                    if p.name.startswith("ckpt-"):
+                        times.append(p.stat().st_mtime)
+                except FileNotFoundError:
+                    pass
+            return max(times, default=float("inf"))
+
+        # the kill lands once the counts moved on past the newest checkpoint, an epoch checked after it (a kill
+        # right after a checkpoint would leave nothing stale to recount)
+        wait_for(lambda: [r for r in counts_reports(m) if r["time"] > newest_checkpoint()], 20,
+                 "an epoch checked after the newest checkpoint")
         assert ctl(name, "kill", "s1").returncode == 0
         recount = wait_for(lambda: [r for r in metrics(m) if "recounts" in r], 20, "the recount")[0]
         wait_for(lambda: [r for r in counts_reports(m) if r["time"] > recount["time"]][1:], 20,

@@ -7,7 +7,8 @@ import pytest
 
 from apps.lda import data, kernels
 from apps.lda.settings import ConfigError, Settings
-from tests.helpers import run_cli
+from tests.support.errors import assert_one_line
+from tests.support.processes import run_cli
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -331,14 +332,6 @@ def test_log_likelihood_matches_direct_formula() -> None:
 # ------------------------------------------------------------------------------------- end to end, CLI
 def lda_cli(*config: str, timeout: float = 60):
     return run_cli(["litz", "run", "apps.lda", "--no-progress", "--config", *config], timeout=timeout)
-
-
-def assert_one_line(res, *parts: str) -> None:
-    assert res.returncode == 2, (res.returncode, res.stderr)
-    lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
-    for part in parts:
-        assert part in lines[0], lines[0]
 
 
 def test_cli_bad_corpus_is_one_line(tmp_path) -> None:

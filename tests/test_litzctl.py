@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from tests.helpers import Processes, app_path, run_cli, status, wait_for
+from tests.support.processes import Processes, app_path, run_cli, status, wait_for
 
 
 def cluster(kind: str, etcd: str, name: str, *extra: str) -> list[str]:
@@ -47,7 +47,7 @@ def test_a_master_waiting_for_members_says_so_and_stops_at_once(etcd):
 def test_an_unreachable_etcd_is_said_at_once_with_its_address(command):
     """A first connection that cannot be made is said after CONNECT_WAIT_S (2 s), not after --etcd-timeout's 300 s
     (or litzctl's 10 s); a running process still rides out an outage that long (tests/test_etcd_outages.py)."""
-    from tests.helpers import free_port
+    from tests.support.processes import free_port
 
     address = f"127.0.0.1:{free_port()}"
     res = run_cli([*command, "--etcd", address], timeout=60)

@@ -9,6 +9,7 @@ from litz import clock
 from litz.errors import LitzError
 from litz.master import Master, Member
 from litz.process import MASTER_GONE_GRACE_S, Process
+from tests.support.handbuilt import bare_master
 
 
 class Launcher:
@@ -55,13 +56,11 @@ class Registry:
 def master_with(launcher: Launcher, alive: set[str]) -> SimpleNamespace:
     workers = {f"w{i}": Member(f"w{i}", "worker", {"pid": 100 + i}) for i in range(2)}
     servers = {"s0": Member("s0", "server", {"pid": 200})}
-    m = SimpleNamespace(supervise=launcher, _dead_children=[], _unreachable=[], _misbehaving=[], workers=workers,
-                        servers=servers,
-                        started=True, executor_owner=["w0", "w1"], membership=Registry(alive),
-                        endpoint=Connections(), retired=[])
-    m.losses_noticed = lambda: Master.losses_noticed(m)
-    m.on_retired = m.retired.append
-    return m
+    retired: list[str] = []
+    return bare_master(("losses_noticed",), supervise=launcher, _dead_children=[], _unreachable=[], _misbehaving=[],
+                       workers=workers, servers=servers, started=True, executor_owner=["w0", "w1"],
+                       membership=Registry(alive), endpoint=Connections(), retired=retired,
+                       on_retired=retired.append)
 
 
 def test_a_child_seen_exiting_between_checks_is_reported_lost_once():

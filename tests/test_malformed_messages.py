@@ -27,7 +27,7 @@ from litz.security import curve_keypair
 from litz.server import Server
 from litz.transport import ZmqEndpoint
 from litz.worker import Worker
-from tests.helpers import ROOT, Processes, app_path, wait_for
+from tests.support.processes import ROOT, Processes, app_path, wait_for
 
 SECRET = "job-secret"
 BIG = 200 << 20  # the 200 MB frame

@@ -13,18 +13,9 @@ import pytest
 import apps.mlr as mlr
 import litz
 from apps.mlr.data import synthetic_rows
-from tests import inprocess
-
-CONFIG = {"synthetic": 1, "n": 40_000, "n_test": 10_000, "d": 50, "classes": 10, "seed": 0}
-
-
-def sklearn_accuracy(config: dict) -> float:
-    from sklearn.linear_model import LogisticRegression
-
-    kw = dict(d=config["d"], classes=config["classes"], seed=config["seed"])
-    X, y = synthetic_rows(0, config["n"], **kw)
-    Xt, yt = synthetic_rows(config["n"], config["n"] + config["n_test"], **kw)
-    return LogisticRegression(max_iter=1000).fit(X, y).score(Xt, yt)
+from tests.support import inprocess
+from tests.support.reference import MLR_CONFIG as CONFIG
+from tests.support.reference import sklearn_accuracy
 
 
 def in_process(config: dict, num_executors: int, **kw) -> inprocess.InProcess:

@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 import pytest
 
-from tests.helpers import run_cli
+from tests.support.processes import run_cli
 
 
 def split(name: str, tmp_path) -> tuple[str, str, float]:

@@ -12,8 +12,9 @@ import apps.mlr as mlr
 import litz
 from apps.mlr import sizing
 from apps.mlr.sizing import SpeedSizing, batch_starts
-from tests import inprocess
-from tests.test_mlr import CONFIG, sklearn_accuracy
+from tests.support import inprocess
+from tests.support.reference import MLR_CONFIG as CONFIG
+from tests.support.reference import sklearn_accuracy
 
 RATES = [4.0, 4.0, 1.0, 1.0]  # mini-batches per second each executor can run: two on a worker at a quarter
 

@@ -10,8 +10,10 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, app_path, run_cli, status, wait_for
-from tests.test_elasticity import CHAINS, check_result
+from tests.support.chains import CHAINS, check_result
+from tests.support.etcd import EtcdServer
+from tests.support.processes import ROOT, app_path, run_cli, status, wait_for
+from tests.support.scenario import Record, scenario
 
 STEPS = 800
 SUBNET = "10.233.{}.{}"
@@ -133,15 +135,12 @@ class HostProcesses:
             self.kill_host(host)
 
 
-def etcd_on(address: str, tmp_path) -> subprocess.Popen:
-    proc = subprocess.Popen([shutil.which("etcd"), "--data-dir", str(tmp_path / "etcd"), "--name", "mh",
-                             "--listen-client-urls", f"http://{address}:2379",
-                             "--advertise-client-urls", f"http://{address}:2379",
-                             "--listen-peer-urls", f"http://{address}:2380",
-                             "--initial-advertise-peer-urls", f"http://{address}:2380",
-                             "--initial-cluster", f"mh=http://{address}:2380"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    return proc
+def etcd_on(address: str, tmp_path) -> EtcdServer:
+    """etcd on the bridge's address in the root namespace, where every host reaches it (a subnet of this run's
+    own: its fixed ports are free there)."""
+    server = EtcdServer("mh", str(tmp_path / "etcd"), 2379, 2380, f"mh=http://{address}:2380", host=address)
+    server.start()
+    return server
 
 
 def start_chains_master(procs: HostProcesses, hosts: Hosts, etcd: str, name: str, tmp_path, out, steps: int,
@@ -162,43 +161,87 @@ needs_root_and_ip = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip
                                        reason="needs root, iproute2 and etcd (the CI installs them)")
 
 
-@needs_root_and_ip
-@pytest.mark.timeout(180)
-def test_job_across_hosts_joins_drains_and_survives_a_lost_host(tmp_path):
-    name, out = "multihost", tmp_path / "out.json"
-    with Hosts(3) as hosts:
-        etcd_proc = etcd_on(hosts.gateway, tmp_path)
-        etcd = f"{hosts.gateway}:2379"
+@pytest.fixture(scope="module")
+def across_hosts(tmp_path_factory) -> Record:
+    """One job across hosts, run once for the tests below: it starts on 2 hosts, a third joins, one is drained,
+    another is cut off (its processes killed). Each test asserts one point on what it recorded."""
+    tmp = tmp_path_factory.mktemp("multihost")
+    name, out = "multihost", tmp / "out.json"
+    with scenario(str(tmp / "litz-home")) as rec, Hosts(3) as hosts:
+        rec["addresses"] = hosts.addresses
+        etcd_server = etcd_on(hosts.gateway, tmp)
+        etcd = etcd_server.endpoint
         try:
             with HostProcesses() as procs:
-                master = start_chains_master(procs, hosts, etcd, name, tmp_path, out, STEPS, "--min-servers", "2")
+                master = start_chains_master(procs, hosts, etcd, name, tmp, out, STEPS, "--min-servers", "2")
                 role = ["--etcd", etcd, "--name", name]
                 for host in (0, 1):
                     procs.start(hosts, host, ["worker", *role])
                     procs.start(hosts, host, ["server", *role])
-                st = wait_for(lambda: (s := status(name, etcd)) and s["tasks_completed"] > 0 and s, 60,
-                              "the job running on 2 hosts")
-                assert hosts_of(st) == {hosts.addresses[0], hosts.addresses[1]}
+                rec["two hosts"] = wait_for(lambda: (s := status(name, etcd)) and s["tasks_completed"] > 0 and s, 60,
+                                            "the job running on 2 hosts")
 
                 procs.start(hosts, 2, ["worker", *role])  # a third host joins
                 procs.start(hosts, 2, ["server", *role])
-                st = wait_for(lambda: (s := status(name, etcd)) and len(hosts_of(s)) == 3
+                st = rec.step("three hosts", wait_for, lambda: (s := status(name, etcd)) and len(hosts_of(s)) == 3
                               and all(w["executors"] for w in s["workers"]) and s, 60, "the third host to get work")
-
-                on_h2 = [p["id"] for p in st["workers"] + st["servers"] if hosts.addresses[1] in p["address"]]
-                res = run_cli(["litzctl", "--etcd", etcd, "--name", name, "drain", *on_h2], timeout=120)
-                assert res.returncode == 0 and "released" in res.stdout, res.stderr
+                st = st or status(name, etcd)
+                on_h1 = [p["id"] for p in st["workers"] + st["servers"] if hosts.addresses[1] in p["address"]]
+                rec["drain"] = run_cli(["litzctl", "--etcd", etcd, "--name", name, "drain", *on_h1], timeout=120)
 
                 wait_for(lambda: (s := status(name, etcd)) and s["checkpoints"] >= 1, 60, "a checkpoint")
                 procs.kill_host(2)  # the third host is cut off
                 stdout, stderr = master.communicate(timeout=150)
-                assert master.returncode == 0, stderr
+                rec["master"] = (master.returncode, stdout, stderr)
+                rec["events"] = json.loads(out.read_text())["events"]
         finally:
-            etcd_proc.kill()
-            etcd_proc.wait()
+            etcd_server.kill()
+    return rec
+
+
+ACROSS_HOSTS = pytest.mark.timeout(180)  # the first of these tests runs the scenario
+
+
+@needs_root_and_ip
+@ACROSS_HOSTS
+def test_job_across_hosts_ran_to_its_end(across_hosts):
+    assert across_hosts.ended_by is None, repr(across_hosts.ended_by)
+
+
+@needs_root_and_ip
+@ACROSS_HOSTS
+def test_job_across_hosts_starts_on_the_first_two(across_hosts):
+    addresses = across_hosts["addresses"]
+    assert hosts_of(across_hosts["two hosts"]) == {addresses[0], addresses[1]}
+
+
+@needs_root_and_ip
+@ACROSS_HOSTS
+def test_a_joining_host_gets_work(across_hosts):
+    st = across_hosts["three hosts"]
+    assert hosts_of(st) == set(across_hosts["addresses"]) and all(w["executors"] for w in st["workers"])
+
+
+@needs_root_and_ip
+@ACROSS_HOSTS
+def test_a_host_is_drained_with_litzctl(across_hosts):
+    res = across_hosts["drain"]
+    assert res.returncode == 0 and "released" in res.stdout, res.stderr
+
+
+@needs_root_and_ip
+@ACROSS_HOSTS
+def test_job_across_hosts_result_is_exact_after_a_lost_host(across_hosts):
+    code, stdout, stderr = across_hosts["master"]
+    assert code == 0, stderr
     check_result(json.loads(stdout), steps=STEPS)
-    kinds = [e["kind"] for e in json.loads(out.read_text())["events"]]
-    assert "scale_out" in kinds and "scale_in" in kinds and "recovery" in kinds
+
+
+@needs_root_and_ip
+@ACROSS_HOSTS
+def test_job_across_hosts_scaled_out_in_and_recovered(across_hosts):
+    kinds = [e["kind"] for e in across_hosts["events"]]
+    assert "scale_out" in kinds and "scale_in" in kinds and "recovery" in kinds, kinds
 
 
 @needs_root_and_ip
@@ -209,8 +252,8 @@ def test_a_worker_cut_off_from_the_master_but_not_from_etcd_is_evicted_and_stops
     without it and evicts it; the worker, still running, sees the eviction and stops."""
     name, out, steps = "partition", tmp_path / "out.json", STEPS // 2
     with Hosts(2) as hosts:
-        etcd_proc = etcd_on(hosts.gateway, tmp_path)
-        etcd = f"{hosts.gateway}:2379"
+        etcd_server = etcd_on(hosts.gateway, tmp_path)
+        etcd = etcd_server.endpoint
         try:
             with HostProcesses() as procs:
                 master = start_chains_master(procs, hosts, etcd, name, tmp_path, out, steps)
@@ -228,8 +271,7 @@ def test_a_worker_cut_off_from_the_master_but_not_from_etcd_is_evicted_and_stops
                 assert master.returncode == 0, stderr
                 _, cut_err = cut.communicate(timeout=30)
         finally:
-            etcd_proc.kill()
-            etcd_proc.wait()
+            etcd_server.kill()
     # it stopped on its own, as a failure, and not because the job ended
     assert cut.returncode == 2 and f"worker {victim} was taken out of the job" in cut_err, cut_err
     check_result(json.loads(stdout), steps=steps)

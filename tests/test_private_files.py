@@ -7,8 +7,8 @@ import pytest
 
 from litz.membership.filekv import FileKV
 from litz.private import open_private, private_dir, write_private
-from tests.helpers import Processes, app_path, wait_for
-from tests.test_elasticity import CHAINS, ctl
+from tests.support.chains import CHAINS
+from tests.support.processes import Processes, app_path, ctl, wait_for
 
 
 def mode(path) -> int:

@@ -18,7 +18,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from litz.joblog import prune_history
-from tests.helpers import ROOT, run_cli
+from tests.support.processes import ROOT, run_cli
 
 MLR = ["apps.mlr", "--config", "synthetic=1", "n=20000", "n_test=2000"]
 

@@ -10,8 +10,8 @@ import zlib
 
 import pytest
 
-from tests.helpers import Processes, app_path, resize, run_cli, status, wait_for
-from tests.test_elasticity import CHAINS, check_result, ctl
+from tests.support.chains import CHAINS, check_result
+from tests.support.processes import Processes, app_path, ctl, resize, run_cli, status, wait_for
 
 STEPS = 400
 RESUME_STEPS = 1000

@@ -22,8 +22,9 @@ from litz.scar import (
     select_priority,
 )
 from tests.apps.phases import KEYS
-from tests.helpers import Processes, app_path, bare_server, status, wait_for
-from tests.test_elasticity import CHAINS, check_result, ctl
+from tests.support.chains import CHAINS, check_result
+from tests.support.handbuilt import bare_server
+from tests.support.processes import Processes, app_path, ctl, status, wait_for
 
 
 def scar_job(app: str, name: str, tmp_path, *extra: str) -> list[str]:

@@ -9,7 +9,7 @@ import pytest
 import litz
 from litz import shmring
 from litz.transport import RING_BYTES, ZmqEndpoint, ring_prefix
-from tests.helpers import ROOT, wait_for
+from tests.support.processes import ROOT, wait_for
 
 MIB = 1 << 20
 

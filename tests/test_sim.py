@@ -14,7 +14,7 @@ from litz import cache, server, ssp
 from litz.sim import run_schedule
 from litz.sim.__main__ import main
 from litz.sim.schedule import EVENTS, EVENTS_BEFORE_REGISTRY, plan
-from tests.helpers import ROOT
+from tests.support.processes import ROOT
 
 
 def test_a_seed_replays_exactly():

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.support.processes import ROOT
 
 # Seeds with many kinds of events (scale, drain, kill, checkpoint, memory, steal, rebalance, recovery), each of
 # which ran differently under hash seeds 1 and 2 while the master sent keys, and workers fences, in set order.

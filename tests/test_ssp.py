@@ -159,7 +159,7 @@ def test_ssp_bound_through_real_processes(staleness):
     """No task of iteration i runs before every task of iteration i-s-1 finished (and its updates are visible),
     and the run does go ahead by s iterations (executors 1x to 3x apart drift to the bound): SSP, not BSP."""
     import litz
-    from tests.helpers import app_path
+    from tests.support.processes import app_path
 
     result = litz.run(app_path("ssp_check"), workers=2, servers=1, executors=6,
                       config={"staleness": staleness, "iterations": 25})

@@ -12,8 +12,9 @@ import re
 import pytest
 
 from litz.cli.litzctl import format_status
-from tests.helpers import Processes, app_path, run_cli, status, wait_for
-from tests.test_elasticity import CHAINS, check_result
+from tests.support.chains import CHAINS, check_result
+from tests.support.errors import assert_one_line
+from tests.support.processes import Processes, app_path, run_cli, status, wait_for
 
 STEPS = 200
 LONG = 600  # the job that is released too: it must outlast both moves, even on a loaded machine
@@ -72,7 +73,7 @@ def test_a_slow_worker_loses_executors_and_the_result_stays_exact(tmp_path):
 def test_cluster_mode_speed_placement_moves_executors_off_a_slow_worker(etcd, tmp_path):
     """The same through cluster mode: real etcd, `litz master --placement speed` and the roles started apart, the
     slow worker named by its --id (the hook matches the worker's id in the job)."""
-    from tests.test_cluster import role
+    from tests.support.chains import role
 
     e, name, out = etcd.endpoint, "cluster-straggler", tmp_path / "out.json"
     with Processes() as procs:
@@ -398,9 +399,8 @@ def test_equally_fast_workers_do_not_steal(tmp_path):
 
 def test_stealing_without_speed_placement_is_refused():
     res = run_cli(["litz", "run", app_path("chains"), "--placement", "even", "--steal", "--no-progress"])
-    assert res.returncode != 0
-    assert res.stderr.strip().splitlines()[-1].endswith("stealing needs --placement speed: a steal moves the quotas "
-                                                        "the workers' speeds set"), res.stderr
+    line = assert_one_line(res, code=None)
+    assert line.endswith("stealing needs --placement speed: a steal moves the quotas the workers' speeds set"), line
     import litz
     from litz.errors import LitzError
 

@@ -30,9 +30,9 @@ class InProcess:
     """
 
     def __init__(self, driver_cls: type, executor_cls: type, config: dict, num_executors: int, seed: int = 0,
-                 view: str = "dispatch", roundtrip: str | None = None, speeds=None) -> None:
+                 view: str = "dispatch", roundtrip: str | None = None, speeds=None, after_task=None) -> None:
         self.rng = random.Random(seed)
-        self.view_mode, self.roundtrip, self.speeds = view, roundtrip, speeds
+        self.view_mode, self.roundtrip, self.speeds, self.after_task = view, roundtrip, speeds, after_task
         self.executor_cls = executor_cls
         self.ps: dict = {}
         self.queue: list[tuple[int, object, dict]] = []
@@ -108,6 +108,8 @@ class InProcess:
                 if isinstance(value, np.ndarray):  # read-only, as the runtime hands values out
                     value.flags.writeable = False
                 self.ps[key] = value
+            if self.after_task:
+                self.after_task(args, self.executors)
             self.driver.handle_task_completion(result)
         assert not self.queue
         return self.result
