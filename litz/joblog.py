@@ -6,7 +6,7 @@ import math
 import os
 import shutil
 import sys
-from collections import deque
+from collections import Counter, deque
 from typing import Any, TextIO
 
 from . import clock
@@ -73,6 +73,7 @@ class JobLog:
     def __init__(self, metrics_path: str | None = None, progress: bool = True, stream: TextIO | None = None):
         self.start = clock.time()
         self.events: list[dict] = []
+        self.kinds: Counter[str] = Counter()  # events per kind: the status counts some at every publish
         self.last_report: dict = {}
         self.rows: deque[dict] = deque(maxlen=HISTORY_ROWS)  # the --metrics rows, kept for the job's history
         self.progress = progress
@@ -93,6 +94,7 @@ class JobLog:
     def event(self, kind: str, **fields: Any) -> dict:
         ev = {"t": round(self.elapsed(), 4), "kind": kind, **_jsonable(fields)}
         self.events.append(ev)
+        self.kinds[kind] += 1
         return ev
 
     def set_total(self, total: float, unit: str) -> None:

@@ -1461,7 +1461,7 @@ class Master(Process):
             "tasks_per_s": round(self.rate(), 1), "elapsed_s": round(self.joblog.elapsed(), 3),
             "executors": self.num_executors, "shards": len(self.shard_owner), "epoch": self.epoch,
             "checkpoints": len([e for e in self.joblog.events if e["kind"] == "checkpoint"]),
-            "checkpoints_failed": len([e for e in self.joblog.events if e["kind"] == "checkpoint_failed"]),
+            "checkpoints_failed": self.joblog.kinds["checkpoint_failed"],
             # a checkpoint under way holds new dispatches: why a job's rate drops to zero for a moment
             "checkpointing": None if not self.recovery.paused else {
                 "held_s": round(clock.time() - self.recovery.pause_t0, 3), "held_tasks": len(self.paused_tasks)},
