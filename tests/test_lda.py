@@ -322,13 +322,17 @@ def test_topic_recovery_metric() -> None:
 
 
 @pytest.mark.timeout(200)  # more than the waits and litzctl calls inside add up to
-def test_killed_server_with_partial_recovery_recounts_the_counts(tmp_path) -> None:
+@pytest.mark.parametrize("ahead", [0, 1])
+def test_killed_server_with_partial_recovery_recounts_the_counts(tmp_path, ahead: int) -> None:
     """SCAR partial recovery puts the lost shard's counts back to a checkpoint while every z kept going: the
-    driver recounts them from the executors' z, and the counts invariant holds again for every later epoch."""
-    name, m, out, ckpt = "lda-partial", tmp_path / "m.jsonl", tmp_path / "out.json", tmp_path / "ckpt"
+    driver recounts them from the executors' z, and the counts invariant holds again for every later epoch. With
+    ahead=1 the driver also stops dispatching ahead and waits for the rounds in flight (held on their workers or at
+    the master) before it recounts."""
+    name, m, out, ckpt = f"lda-partial-{ahead}", tmp_path / "m.jsonl", tmp_path / "out.json", tmp_path / "ckpt"
     with Processes() as procs:
-        job = procs.start(endless(name, 6, "--servers", "2", "--metrics", str(m), "--output", str(out),
-                                  "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2", "--partial-recovery"))
+        job = procs.start(endless(name, 6, f"ahead={ahead}", "--servers", "2", "--metrics", str(m), "--output",
+                                  str(out), "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2",
+                                  "--partial-recovery"))
 
         def checkpointed():
             return counts_reports(m) and ckpt.is_dir() and any(p.name.startswith("ckpt-") for p in ckpt.iterdir())
@@ -363,6 +367,8 @@ def test_killed_server_with_partial_recovery_recounts_the_counts(tmp_path) -> No
     assert not [e for e in events if e["kind"] == "recovery"]
     recounts = [r for r in metrics(m) if "recounts" in r]
     assert len(recounts) == 1 and recounts[0]["recount_fixed"] > 0, recounts  # the counts had gone stale
+    if ahead:  # rounds went out before a predecessor ended
+        assert max(r.get("dispatched_ahead", 0) for r in metrics(m)) > 0
 
 
 # ------------------------------------------------------------------------------------ dispatch ahead (ahead=1)
@@ -560,32 +566,3 @@ def test_ahead_through_litz_run_keeps_the_counts_and_the_same_seed_gives_the_sam
     check_invariant(one, 4, 8)
     assert [h["log_likelihood"] for h in one["history"]] == [h["log_likelihood"] for h in first["history"]]
     np.testing.assert_array_equal(np.load(tmp_path / "b.npz")["topic_word"], np.load(model)["topic_word"])
-
-
-@pytest.mark.timeout(200)  # more than the waits and litzctl calls inside add up to
-def test_ahead_killed_server_with_partial_recovery_recounts_the_counts(tmp_path) -> None:
-    """ahead=1 and SCAR partial recovery: the driver stops dispatching ahead, waits for the rounds in flight (held
-    on their workers or at the master), recounts, and the counts invariant holds for every epoch after."""
-    name, m, out, ckpt = "lda-ahead-partial", tmp_path / "m.jsonl", tmp_path / "out.json", tmp_path / "ckpt"
-    with Processes() as procs:
-        job = procs.start(endless(name, 6, "ahead=1", "--servers", "2", "--metrics", str(m), "--output", str(out),
-                                  "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2", "--partial-recovery"))
-
-        def checkpointed():
-            return counts_reports(m) and ckpt.is_dir() and any(p.name.startswith("ckpt-") for p in ckpt.iterdir())
-
-        wait_for(checkpointed, 20, "a checked epoch and a checkpoint")
-        wait_for_more_checks(m, len(counts_reports(m)), 1, 10)  # the counts move on past the checkpoint
-        assert ctl(name, "kill", "s1").returncode == 0
-        recount = wait_for(lambda: [r for r in metrics(m) if "recounts" in r], 20, "the recount")[0]
-        wait_for(lambda: [r for r in counts_reports(m) if r["time"] > recount["time"]][1:], 20,
-                 "two epochs checked after the recount")
-        assert ctl(name, "stop").returncode == 0
-        _, stderr = job.communicate(timeout=15)
-        assert job.returncode == 0, stderr
-    check_reports(m)
-    events = json.loads(out.read_text())["events"]
-    assert [e["lost"] for e in events if e["kind"] == "partial_recovery"] == [["s1"]], events
-    recounts = [r for r in metrics(m) if "recounts" in r]
-    assert len(recounts) == 1 and recounts[0]["recount_fixed"] > 0, recounts
-    assert max(r.get("dispatched_ahead", 0) for r in metrics(m)) > 0  # rounds went out before a predecessor ended
