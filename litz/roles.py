@@ -45,7 +45,10 @@ def serve(role: str, name: str, *, etcd: Any = None, home: str | None = None,
           memory_limit: int | None = None) -> None:
     local = bool(os.environ.get("LITZ_PARENT_PID"))
     if local:
-        die_with_parent(signal.SIGHUP)  # not SIGTERM, which asks to drain (below)
+        # not SIGTERM, which asks to drain (below); and SIGHUP at its default first: under `nohup litz run` it
+        # arrives ignored (inherited), and the launcher's death would leave this process running
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        die_with_parent(signal.SIGHUP)
         if os.getppid() != int(os.environ["LITZ_PARENT_PID"]):
             return  # the launcher is already gone
         # Ctrl-C reaches the whole process group; the launcher stops the job and says so, once
