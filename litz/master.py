@@ -832,7 +832,8 @@ class Master(Process):
         if self.memsched is None:
             self.memsched = MemoryScheduler(self.num_executors)
         moving = self.moving_executors
-        eid, hint = self.memsched.choose(eids, lambda e: moving.get(e) or self.executor_owner[e], self.speeds())
+        eid, hint = self.memsched.choose(eids, lambda e: moving.get(e) or self.executor_owner[e],
+                                         self.speeds(sustained=False))
         if hint is not None and not self.recovery.paused and eid not in moving:
             self.memsched.hints[self.executor_owner[eid]] = (hint, eid)
         return eid
@@ -1160,10 +1161,13 @@ class Master(Process):
             return self.owners.plan(workers, servers)
         return self.owners.plan(workers, servers, self.pending("worker"), self.pending("server"))
 
-    def speeds(self) -> dict[str, float]:
+    def speeds(self, sustained: bool = True) -> dict[str, float]:
         """Measured speed (tasks per second of the worker's time: CPU plus waiting for a CPU) of each worker that has
-        reported enough tasks."""
-        return {w: m.speed for w, m in self.meters.items() if m.tasks >= SPEED_MIN_TASKS and m.speed}
+        reported enough tasks: what it sustains (bounded by its CPU limit, design P2) for placement, stealing and
+        ``executor_speed``; or, ``sustained=False``, what it measures at its current load, for the choice of the
+        executor that would run one task soonest (O2), a short-horizon question a quota's burst does answer."""
+        return {w: s for w, m in self.meters.items()
+                if m.tasks >= SPEED_MIN_TASKS and (s := m.speed if sustained else m.measured)}
 
     def rebalance_for_speed(self) -> None:
         """A policy that uses speeds (``speed``): offer it the measured speeds, and when it adopts them as the

@@ -319,6 +319,12 @@ class SpeedMeter:
         self.cores = float(cores) if type(cores) in (int, float) and 0 < cores < float("inf") else None
 
     @property
+    def measured(self) -> float | None:
+        """Tasks per second of running time at the worker's current load, without the CPU limit's bound: how soon
+        a task sent now would finish (a lightly loaded worker under a quota does run it within its burst)."""
+        return 1.0 / self.per_task if self.per_task else None
+
+    @property
     def speed(self) -> float | None:
         """Tasks per second of running time, or None before any report; under a CPU limit, at most what the limit
         sustains (``cores`` CPU seconds a second over the CPU seconds a task takes). A quota stalls a worker only once
