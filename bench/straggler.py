@@ -29,6 +29,9 @@ to the next one: nothing changes there) per 10 s. The full-speed epoch for the i
 policies' full-speed medians (the machine is shared; another job's load only ever slows an epoch).
 **No straggler:** one more job per app and policy, no throttle, ``--free-seconds`` long: steady epoch (median
 after the first quarter) of ``speed`` over ``even``, and ``speed``'s rebalances (there is nothing to react to).
+``--free-only ROUNDS`` runs only these, the policies alternating ROUNDS times, and takes the medians (one job per
+policy moves by several percent between consecutive runs); it writes ``results/straggler_free.json`` and the
+no-straggler rows.
 
 Targets (from the issue): speed's steady epoch within 1.15x of ideal; reaction < 5 s; <= 1 rebalance per 10 s when
 nothing changes; no-straggler cost <= 2 %. The machine is shared (2 cores, other jobs running): numbers are
@@ -219,6 +222,39 @@ def free_run(app: str, policy: str, workdir: str, config: dict, seconds: float) 
             "cpu_s": phase["cpu_s"], "load": r["load"]}
 
 
+def free_rounds(apps: list[str], rounds: int, seconds: float, quick: bool) -> int:
+    """``--free-only``: per app, ``rounds`` no-straggler jobs per policy, even and speed alternating so that load
+    drifting over the run falls on both; the cost is the ratio of the medians of their steady epochs."""
+    doc: dict = {"target": "speed / even <= 1.02 with no straggler", "rounds": rounds, "seconds": seconds,
+                 "uptime_before": open("/proc/loadavg").read().split()[:3], "apps": {}}
+    rows = {}
+    with tempfile.TemporaryDirectory(prefix="litz-bench-straggler-") as tmp:
+        for app in apps:
+            w = WORKLOADS[app]
+            config = {**w["config"], **(w["quick"] if quick else {})}
+            runs: dict[str, list[dict]] = {"even": [], "speed": []}
+            for i in range(rounds):
+                for policy in runs:
+                    runs[policy].append(r := free_run(w["app"], policy, tmp, config, seconds))
+                    print(f"{app} round {i + 1}/{rounds} {policy}: {r['steady_epoch_s']} s/epoch, "
+                          f"{r['rebalances']} rebalances", flush=True)
+            med = {p: median([r["steady_epoch_s"] for r in rs if r["steady_epoch_s"]]) for p, rs in runs.items()}
+            cost = ratio(med["speed"], med["even"])
+            moved = sum(r["rebalances"] for r in runs["speed"])
+            doc["apps"][app] = {"config": config, "median_epoch_s": med, "cost": cost, "speed_rebalances": moved,
+                                "runs": runs}
+            print(f"{app} no straggler, {rounds} rounds: speed / even {cost}x, {moved} rebalances", flush=True)
+            rows[f"speed placement cost, no straggler ({app})"] = [
+                f"speed {med['speed']:.3f} s/epoch (median of {rounds}), {moved} rebalances",
+                f"even {med['even']:.3f} s/epoch", f"{cost}x", "<= 1.02x",
+                _table.yes_no(cost is not None and cost <= 1.02), _table.today()]
+    doc["uptime_after"] = open("/proc/loadavg").read().split()[:3]
+    print(f"-> {_table.write_result('straggler_free', doc, quick=quick)}")
+    if not quick:
+        _table.update_rows(rows)
+    return 0
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else round(a / b, 3)
 
@@ -262,12 +298,17 @@ def main() -> int:
     ap.add_argument("--free-seconds", type=float, help="length of the no-straggler jobs (default 30, quick 10)")
     ap.add_argument("--no-free", action="store_true", help="skip the no-straggler jobs")
     ap.add_argument("--hook", action="store_true", help="slow w1 with the test hook even where a cgroup exists")
+    ap.add_argument("--free-only", type=int, metavar="ROUNDS",
+                    help="only the no-straggler jobs, the policies alternating for ROUNDS rounds (medians; "
+                         "results/straggler_free.json): a steadier cost than one job per policy")
     args = ap.parse_args()
     lengths = args.phase_seconds or ((6, 10, 10, 8) if args.quick else (12, 20, 20, 16))
     PHASES_RUN = [(q, name, s) for (q, name), s in zip(PHASES, lengths, strict=True)]
     free_s = args.free_seconds or (10 if args.quick else 30)
     hook = args.hook or not cgroup_available()
     apps = [a.strip() for a in args.apps.split(",") if a.strip()]
+    if args.free_only:
+        return free_rounds(apps, args.free_only, free_s, args.quick)
     doc: dict = {"targets": {"speed_vs_ideal": 1.15, "react_s": 5, "quiet_rebalances_per_10s": 1,
                              "free_cost": 1.02},
                  "throttle": "hook" if hook else "cgroup v1 cpu.cfs_quota_us",
