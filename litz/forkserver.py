@@ -148,10 +148,7 @@ class ForkServer:
         if pid == 0:
             code = 0
             try:
-                # first: the launcher's Python handlers must never run here (a SIGTERM that reached this fork
-                # while it set its title once ran a launcher's handler, which raised into the fork)
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
+                _own_signals()
                 ours.close()
                 _set_title(title)
                 _serve(theirs, launcher)
@@ -278,10 +275,18 @@ FRESH_ENTRY = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN)
                "from litz.forkserver import serve_fresh; serve_fresh(sys.argv[1:])")
 
 
+def _own_signals() -> None:
+    """First thing in a fork server, before anything slow: the launcher's Python handlers must never run here (a
+    SIGTERM that reached a fork while it set its title once ran a launcher's handler, which raised into it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle: it stops the job
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the launcher's handler: its end ends this process
+
+
 def serve_fresh(argv: list[str]) -> None:
     """The fresh interpreter's side: ``python -c FRESH_ENTRY FD LAUNCHER TITLE MODULE...``."""
     fd, launcher, title, *modules = argv
     conn = Connection(int(fd))
+    _own_signals()
     _set_title(title)
     for name in (*modules, "litz.cli.litz"):
         importlib.import_module(name)
@@ -290,8 +295,6 @@ def serve_fresh(argv: list[str]) -> None:
 
 def _serve(conn: Connection, launcher: int) -> None:
     """Fork on request, report each child's pid and, when it ends, its exit code (as Popen's returncode)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle: it stops the job
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the launcher's handler: its end ends this process
     die_with_parent()
     if os.getppid() != launcher:
         return

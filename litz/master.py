@@ -1464,7 +1464,7 @@ class Master(Process):
             "version": self.version, "tasks_completed": self.tasks_completed,
             "tasks_per_s": round(self.rate(), 1), "elapsed_s": round(self.joblog.elapsed(), 3),
             "executors": self.num_executors, "shards": len(self.shard_owner), "epoch": self.epoch,
-            "checkpoints": len([e for e in self.joblog.events if e["kind"] == "checkpoint"]),
+            "checkpoints": self.joblog.kinds["checkpoint"],
             "checkpoints_failed": self.joblog.kinds["checkpoint_failed"],
             # a checkpoint under way holds new dispatches: why a job's rate drops to zero for a moment
             "checkpointing": None if not self.recovery.paused else {

@@ -330,9 +330,7 @@ class SpeedMeter:
         sustains (``cores`` CPU seconds a second over the CPU seconds a task takes). A quota stalls a worker only once
         its demand passes it: lightly loaded, it runs each step within its share and measures as fast as an
         unlimited one, and a policy following that alone would give it executors and take them back in turn."""
-        if not self.per_task:
-            return None
-        speed = 1.0 / self.per_task
-        if self.cores is not None and self.cpu_per_task > 0:
+        speed = self.measured
+        if speed is not None and self.cores is not None and self.cpu_per_task > 0:
             speed = min(speed, self.cores / self.cpu_per_task)
         return speed
