@@ -191,6 +191,8 @@ def run(app: str, policy: str, workdir: str, config: dict, phases: list[tuple[fl
     epochs = epoch_times(job.reports())
     rebalances = [{k: e[k] for k in ("t", "end", "executors_moved", "speeds") if k in e}
                   for e in doc["events"] if e["kind"] == "rebalance"]
+    steals = [{k: e[k] for k in ("t", "executor", "from", "to", "queued", "duration_s") if k in e}
+              for e in doc["events"] if e["kind"] == "steal"]
     out_phases = []
     for mark, nxt in zip(marks, marks[1:], strict=False):
         a, b = mark["t"], nxt["t"]
@@ -209,7 +211,7 @@ def run(app: str, policy: str, workdir: str, config: dict, phases: list[tuple[fl
             "workers_busy": None if None in (cpu["w0"], cpu["w1"]) else round(
                 (sum(cpu["w0"]) + sum(cpu["w1"])) / (2 * (b - a)), 3)})
     return {"policy": policy, "elapsed_s": doc["elapsed_s"], "phases": out_phases, "rebalances": rebalances,
-            "epochs": [[e, round(t, 4), round(d, 4)] for e, t, d in epochs], "load": job.load}
+            "steals": steals, "epochs": [[e, round(t, 4), round(d, 4)] for e, t, d in epochs], "load": job.load}
 
 
 def free_run(app: str, policy: str, workdir: str, config: dict, seconds: float) -> dict:
@@ -218,7 +220,7 @@ def free_run(app: str, policy: str, workdir: str, config: dict, seconds: float) 
     phase = r["phases"][0]
     epochs = [d for e, t, d in r["epochs"] if t - d >= phase["t"] + seconds / 4 and t <= phase["t"] + seconds]
     return {"policy": policy, "steady_epoch_s": median(epochs), "epochs": len(epochs), "seconds": seconds,
-            "rebalances": len(r["rebalances"]), "workers_busy": phase["workers_busy"],
+            "rebalances": len(r["rebalances"]), "steals": len(r["steals"]), "workers_busy": phase["workers_busy"],
             "cpu_s": phase["cpu_s"], "load": r["load"]}
 
 
@@ -237,7 +239,7 @@ def free_rounds(apps: list[str], rounds: int, seconds: float, quick: bool) -> in
                 for policy in runs:
                     runs[policy].append(r := free_run(w["app"], policy, tmp, config, seconds))
                     print(f"{app} round {i + 1}/{rounds} {policy}: {r['steady_epoch_s']} s/epoch, "
-                          f"{r['rebalances']} rebalances", flush=True)
+                          f"{r['rebalances']} rebalances, {r['steals']} steals", flush=True)
             med = {p: median([r["steady_epoch_s"] for r in rs if r["steady_epoch_s"]]) for p, rs in runs.items()}
             cost = ratio(med["speed"], med["even"])
             moved = sum(r["rebalances"] for r in runs["speed"])
