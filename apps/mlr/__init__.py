@@ -37,6 +37,12 @@ Protocol (task arguments -> result dicts):
    rows of the mini-batches run (measured before each step); the driver reports per-epoch loss and accuracy.
    With ``size_by_speed=1`` two more arguments, ``first, count``: run mini-batches ``first .. first + count - 1``
    of the executor's stream of shuffled passes over its own (apps/mlr/sizing.py).
+ * ``("chunk", iteration, epoch, chunk, size, batch_size, l2)`` with ``sampling=executors``: the same result for
+   mini-batches ``chunk * size .. (chunk + 1) * size - 1`` of the executor's shuffled order for ``epoch``. The
+   driver dispatches ``Settings.tasks_per_iteration`` of them an iteration, each to an executor the runtime picks
+   among those with chunks left this epoch (:class:`apps.chunkplan.ChunkPlan`, as apps.kmeans does), under the
+   same staleness bound: under a memory limit an executor is then loaded about once an epoch, not once every
+   ``staleness + 1`` iterations.
  * ``("eval",)`` once all training completed, so it sees every update (the consistency rule) -> loss and
    correct counts of the final weights on the executor's training rows and its block of the test set.
 
