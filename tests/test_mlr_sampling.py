@@ -131,3 +131,16 @@ def test_litz_run_executor_sampling_loads_executors_less_under_a_memory_limit(tm
     assert loads <= executors * (epochs + 3), counts  # once an epoch, the two rounds and an epoch to spare
     assert row_loads > 2 * loads, counts
     assert abs(chosen["test_accuracy"] - rows["test_accuracy"]) <= 0.01, counts
+
+
+@pytest.mark.timeout(60)
+def test_in_process_executor_sampling_stops_when_the_training_loss_stops_improving() -> None:
+    """The stopping rule ends an executor-sampled run as a row-sampled one: no iteration is dispatched after the stop
+    beyond the ``staleness + 1`` already under way, and they still complete before the evaluation."""
+    config = {**CONFIG, "n": 5000, "n_test": 1000, "sampling": "executors"}
+    runtime = inprocess.InProcess(mlr.MLRDriver, mlr.MLRExecutor, config, 8)
+    result = runtime.run()
+    epochs, per_epoch = result["epochs"], runtime.driver.per_epoch
+    assert epochs == len(runtime.reports) < 100
+    assert epochs * per_epoch <= result["iterations"] <= epochs * per_epoch + 3  # staleness 2, the default
+    assert runtime.driver.plan.done and runtime.driver.plan.finished == result["iterations"]

@@ -191,8 +191,6 @@ class MLRDriver(litz.Driver):
         stats[2] += result["count"]
         schedule = self.plan if self.plan is not None else self.ssp
         finished = schedule.complete(result["iteration"])
-        if self.plan is not None and finished:
-            self.plan.advance(self)  # as SSP.complete does: what finished unblocks is dispatched first
         for iteration in finished:
             if (iteration + 1) % self.per_epoch == 0:
                 epoch = iteration // self.per_epoch
@@ -203,6 +201,8 @@ class MLRDriver(litz.Driver):
                 if self.plateau.stop(loss / count):  # the iterations already dispatched still run
                     schedule.stop()
                     self.set_total(epoch + 1, unit="epoch")  # the progress line: done, not 8/100
+        if self.plan is not None and finished:  # after the stopping rule: a stop dispatches nothing more
+            self.plan.advance(self)
         if schedule.done:
             self._start_eval()
 
