@@ -23,7 +23,7 @@ class ChunkPlan:
     completed, as :class:`litz.ssp.SSP` does. ``extra`` is appended to every task's arguments."""
 
     def __init__(self, rows: dict[int, int], batch: int, tasks: int, epochs: int, staleness: int,
-                 extra: tuple = ()):
+                 extra: tuple = ()) -> None:
         self.chunk = max(1, math.ceil(batch / tasks))
         self.tasks, self.staleness, self.extra = tasks, staleness, tuple(extra)
         self.chunks = {e: math.ceil(n / self.chunk) for e, n in sorted(rows.items()) if n}
