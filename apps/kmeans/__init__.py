@@ -58,6 +58,7 @@ import numpy as np
 import litz
 from litz.ssp import SSP
 
+from ..chunkplan import ChunkPlan
 from ..modelfile import model_path, save_model
 from . import data, model
 from .settings import Settings
@@ -80,58 +81,6 @@ def write_slot(iteration: int, staleness: int, double: bool = True) -> int:
 def sample_rate(s: Settings, n: int) -> float:
     """The rate of the initialisation sample: about ``init_sample`` rows of ``n`` (at least 2k + 100)."""
     return min(1.0, max(s.init_sample, 2 * s.k + 100) / n)
-
-
-class ChunkPlan:
-    """Which executors' chunks the mini-batches take with ``sampling=executors`` (counters only: it pickles with the
-    driver). Each epoch every executor's rows are shuffled and cut into chunks of ``ceil(batch / T)`` rows; a
-    mini-batch is ``T`` chunks, each from an executor the runtime picks among those with chunks left this epoch
-    (``Driver.choose_executor``: one in memory, on the least loaded worker), so an epoch still visits every row
-    once and, under a memory limit, an executor is loaded about once an epoch instead of once a mini-batch.
-    Iteration ``i`` is dispatched once iterations ``<= i - staleness - 1`` have all completed."""
-
-    def __init__(self, rows: dict[int, int], batch: int, tasks: int, epochs: int, staleness: int):
-        self.chunk = max(1, math.ceil(batch / tasks))
-        self.tasks, self.staleness = tasks, staleness
-        self.chunks = {e: math.ceil(n / self.chunk) for e, n in sorted(rows.items()) if n}
-        self.per_epoch = math.ceil(sum(self.chunks.values()) / tasks) if self.chunks else 0
-        self.iterations = epochs * self.per_epoch
-        self.dispatched = self.finished = 0
-        self.pending: dict[int, int] = {}
-        self.taken: dict[int, int] = {}  # executor -> chunks of the current epoch dispatched
-
-    def advance(self, driver: litz.Driver) -> None:
-        """Dispatch every iteration the staleness bound allows now."""
-        limit = min(self.iterations, self.finished + self.staleness + 1)
-        while self.dispatched < limit:
-            it = self.dispatched
-            epoch = it // self.per_epoch
-            if it % self.per_epoch == 0:
-                self.taken = dict.fromkeys(self.chunks, 0)
-            self.dispatched += 1
-            self.pending[it] = 0
-            for _ in range(self.tasks):
-                left = [e for e, n in self.chunks.items() if self.taken[e] < n]
-                if not left:
-                    break
-                e = driver.choose_executor(left)
-                driver.dispatch_task(e, ("chunk", it, epoch, self.taken[e], self.chunk))
-                self.taken[e] += 1
-                self.pending[it] += 1
-
-    def complete(self, iteration: int) -> list[int]:
-        """One task of ``iteration`` completed: the iterations that finished, in order."""
-        self.pending[iteration] -= 1
-        newly = []
-        while self.pending.get(self.finished) == 0:
-            del self.pending[self.finished]
-            newly.append(self.finished)
-            self.finished += 1
-        return newly
-
-    @property
-    def done(self) -> bool:
-        return self.finished == self.iterations
 
 
 class KMeansDriver(litz.Driver):

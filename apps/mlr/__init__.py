@@ -37,6 +37,12 @@ Protocol (task arguments -> result dicts):
    rows of the mini-batches run (measured before each step); the driver reports per-epoch loss and accuracy.
    With ``size_by_speed=1`` two more arguments, ``first, count``: run mini-batches ``first .. first + count - 1``
    of the executor's stream of shuffled passes over its own (apps/mlr/sizing.py).
+ * ``("chunk", iteration, epoch, chunk, size, batch_size, l2)`` with ``sampling=executors``: the same result for
+   mini-batches ``chunk * size .. (chunk + 1) * size - 1`` of the executor's shuffled order for ``epoch``. The
+   driver dispatches ``Settings.tasks_per_iteration`` of them an iteration, each to an executor the runtime picks
+   among those with chunks left this epoch (:class:`apps.chunkplan.ChunkPlan`, as apps.kmeans does), under the
+   same staleness bound: under a memory limit an executor is then loaded about once an epoch, not once every
+   ``staleness + 1`` iterations.
  * ``("eval",)`` once all training completed, so it sees every update (the consistency rule) -> loss and
    correct counts of the final weights on the executor's training rows and its block of the test set.
 
@@ -61,6 +67,7 @@ import numpy as np
 import litz
 from litz.ssp import SSP
 
+from ..chunkplan import ChunkPlan
 from ..modelfile import model_path, save_model
 from . import data, model
 from .settings import Settings
@@ -113,6 +120,7 @@ class MLRDriver(litz.Driver):
         self.epoch_stats: dict[int, list[float]] = {}  # epoch -> [loss, correct, rows]
         self.evals: list[dict] = []
         self.ssp: SSP | None = None
+        self.plan: ChunkPlan | None = None  # sampling=executors
         for executor in range(self.num_executors):
             self.dispatch_task(executor, ("info",))
 
@@ -141,10 +149,21 @@ class MLRDriver(litz.Driver):
         if not self.rows:
             raise ValueError("no training rows")
         s = self.settings = self.settings.for_rows(self.rows)
-        batches = max(math.ceil(r["rows"] / s.batch_size) for r in self.infos)
-        self.per_epoch = max(1, math.ceil(batches / s.batches_per_task_for(self.num_executors)))
         self.epochs_run, self.plateau = 0, model.Plateau(s.tol, s.patience)
         self.sizing = None
+        if s.sampling == "executors":
+            tasks = s.tasks_per_iteration(self.num_executors)
+            per_task = s.batches_per_task_for(tasks)  # a chunk: this many mini-batches of one executor
+            self.plan = ChunkPlan({r["executor"]: math.ceil(r["rows"] / s.batch_size) for r in self.infos},
+                                  tasks * per_task, tasks, s.epochs, s.staleness, extra=(s.batch_size, s.l2))
+            self.per_epoch = self.plan.per_epoch
+            self.set_total(s.epochs, unit="epoch")
+            self.plan.advance(self)
+            if self.plan.done:
+                self._start_eval()
+            return
+        batches = max(math.ceil(r["rows"] / s.batch_size) for r in self.infos)
+        self.per_epoch = max(1, math.ceil(batches / s.batches_per_task_for(self.num_executors)))
         task_args = functools.partial(_train_args, per_epoch=self.per_epoch, batch_size=s.batch_size, l2=s.l2)
         if s.size_by_speed:
             self.sizing = SpeedSizing(self.num_executors, self.num_executors * s.batches_per_task_for(
@@ -170,7 +189,9 @@ class MLRDriver(litz.Driver):
         stats[0] += result["loss"]
         stats[1] += result["correct"]
         stats[2] += result["count"]
-        for iteration in self.ssp.complete(result["iteration"]):
+        schedule = self.plan if self.plan is not None else self.ssp
+        finished = schedule.complete(result["iteration"])
+        for iteration in finished:
             if (iteration + 1) % self.per_epoch == 0:
                 epoch = iteration // self.per_epoch
                 loss, correct, count = self.epoch_stats.pop(epoch)
@@ -178,9 +199,11 @@ class MLRDriver(litz.Driver):
                 self.epochs_run = epoch + 1
                 self.report(epoch=epoch + 1, loss=loss / count, train_accuracy=correct / count)
                 if self.plateau.stop(loss / count):  # the iterations already dispatched still run
-                    self.ssp.stop()
+                    schedule.stop()
                     self.set_total(epoch + 1, unit="epoch")  # the progress line: done, not 8/100
-        if self.ssp.done:
+        if self.plan is not None and finished:  # after the stopping rule: a stop dispatches nothing more
+            self.plan.advance(self)
+        if schedule.done:
             self._start_eval()
 
     def _start_eval(self) -> None:
@@ -201,7 +224,8 @@ class MLRDriver(litz.Driver):
             "test_loss": total("test_loss") / test_rows if has_test and test_rows else None,
             "test_accuracy": total("test_correct") / test_rows if has_test and test_rows else None,
             "epochs": self.epochs_run,
-            "iterations": self.ssp.iterations,
+            "iterations": (self.plan or self.ssp).iterations,
+            "sampling": self.settings.sampling,
             "batch_size": self.settings.batch_size,
             "train_rows": int(train_rows),
             "test_rows": int(test_rows),
@@ -234,6 +258,8 @@ class MLRExecutor(litz.Executor):
         kind = args[0]
         if kind == "train":
             return self._train(*args[1:])
+        if kind == "chunk":
+            return self._train_chunk(*args[1:])
         if kind == "eval":
             return self._eval()
         if kind == "info":
@@ -258,19 +284,33 @@ class MLRExecutor(litz.Executor):
         return P[0], B[0]
 
     # -- tasks -----------------------------------------------------------------------------------------
+    def _order(self, p: int, batches: int) -> np.ndarray:
+        """Pass ``p`` over this executor's ``batches`` mini-batches: their order, shuffled per pass (epoch)."""
+        return np.random.default_rng([self.settings.seed, 3, p, self.executor_id]).permutation(batches)
+
     def _train(self, iteration: int, per_epoch: int, batch_size: int, l2: float, first: int | None = None,
                count: int = 0) -> dict[str, Any]:
-        s = self.settings
         epoch, clock = divmod(iteration, per_epoch)
         batches = math.ceil(len(self.y) / batch_size)
-
-        def order(p: int) -> np.ndarray:  # pass p over this executor's mini-batches
-            return np.random.default_rng([s.seed, 3, p, self.executor_id]).permutation(batches)
-
+        order = functools.partial(self._order, batches=batches)
         if first is None:  # this epoch's share of its mini-batches
             mine = order(epoch)[clock * batches // per_epoch:(clock + 1) * batches // per_epoch] * batch_size
         else:  # size_by_speed: the next ``count`` of its stream of passes
             mine = np.array(batch_starts(first, count, batches, order) if batches else [], np.int64) * batch_size
+        return self._steps(iteration, epoch, mine, batch_size, l2)
+
+    def _train_chunk(self, iteration: int, epoch: int, chunk: int, size: int, batch_size: int,
+                     l2: float) -> dict[str, Any]:
+        """``sampling=executors``: mini-batches ``chunk * size .. (chunk + 1) * size - 1`` of this executor's pass
+        for ``epoch`` (apps/chunkplan.py), in the order a ``sampling=rows`` task would take its share of them."""
+        batches = math.ceil(len(self.y) / batch_size)
+        mine = self._order(epoch, batches)[chunk * size:(chunk + 1) * size] * batch_size
+        return self._steps(iteration, epoch, mine, batch_size, l2)
+
+    def _steps(self, iteration: int, epoch: int, mine: np.ndarray, batch_size: int, l2: float) -> dict[str, Any]:
+        """SGD steps on the mini-batches starting at rows ``mine``, from the parameters as read now; their summed
+        step and squared gradients are added to the servers."""
+        s = self.settings
         P, B = self._fetch()
         P0, B0 = P.copy(), B.copy()
         unseen = s.unseen_steps(self.num_executors)

@@ -23,9 +23,12 @@ DEFAULTS: dict[str, Any] = {
     "n": 200_000, "n_test": 20_000, "d": None, "classes": None, "seed": 0, "signal": 5.0,
     "epochs": 100, "tol": 1e-3, "patience": 3, "optimizer": "adagrad", "lr": None, "decay": None,
     "batch_size": None, "batches_per_task": None, "staleness": 2, "l2": None, "scale": True, "blocks": 8,
-    "output": None, "size_by_speed": False,
+    "output": None, "size_by_speed": False, "sampling": "rows",
 }
 OPTIMIZERS = ("adagrad", "sgd")
+# rows: every iteration takes mini-batches of every executor; executors: of a few executors the runtime picks
+# (apps/chunkplan.py: under --memory-limit an executor is then loaded about once an epoch, not once an iteration)
+SAMPLINGS = ("rows", "executors")
 LR = {"adagrad": 0.1, "sgd": 0.5}  # default step size per optimiser
 DECAY = {"adagrad": 0.0, "sgd": 1.0}  # default epoch decay: AdaGrad decays per weight already
 # The defaults before they adapted to the data: plain SGD as in the thesis' MLR, batches of 256, no scaling or
@@ -79,6 +82,7 @@ class Settings:
     blocks: int
     output: str | None
     size_by_speed: bool
+    sampling: str
 
     @classmethod
     def from_config(cls, config: dict | None) -> Settings:
@@ -96,11 +100,14 @@ class Settings:
             "batch_size": _opt_int(v, "batch_size", 1), "batches_per_task": _opt_int(v, "batches_per_task", 1),
             "staleness": _int(v, "staleness", 0), "l2": _opt_float(v, "l2", 0.0), "scale": _bool(v, "scale"),
             "blocks": _int(v, "blocks", 1), "output": _path(v, "output"),
-            "size_by_speed": _bool(v, "size_by_speed"),
+            "size_by_speed": _bool(v, "size_by_speed"), "sampling": _choice(v, "sampling", SAMPLINGS),
         }
         if out["synthetic"] == (out["train"] is not None):
             raise ConfigError("apps.mlr needs exactly one of config 'train' (a .npz or libsvm file) "
                              "or 'synthetic=1'")
+        if out["size_by_speed"] and out["sampling"] == "executors":
+            raise ConfigError("apps.mlr: size_by_speed=1 works with sampling=rows only (with sampling=executors "
+                              "the runtime already gives each chunk to the executor that would run it soonest)")
         if out["synthetic"]:
             out["d"] = out["d"] or SYNTHETIC_D
             out["classes"] = out["classes"] or SYNTHETIC_CLASSES
@@ -120,11 +127,20 @@ class Settings:
         """Mini-batches per task: given, or ~ITERATION_BATCHES per iteration split over the executors."""
         return self.batches_per_task or max(1, ITERATION_BATCHES // max(1, num_executors))
 
+    def tasks_per_iteration(self, num_executors: int) -> int:
+        """Tasks an SSP iteration runs: one per executor with ``sampling=rows``; with ``sampling=executors`` a
+        quarter of the executors (one per worker at the default of 4 executors a worker), at least 1, as
+        apps.kmeans draws its mini-batches. Each of them runs ``batches_per_task_for`` of this many mini-batches,
+        so an iteration still covers about ``ITERATION_BATCHES``."""
+        if self.sampling == "executors":
+            return max(1, math.ceil(num_executors / 4))
+        return num_executors
+
     def unseen_steps(self, num_executors: int) -> int:
         """The most mini-batch steps of other tasks that a task's read of the weights may miss: the other
-        executors' steps of its own iteration and everybody's of the ``staleness`` iterations before."""
-        per_task = self.batches_per_task_for(num_executors)
-        return ((self.staleness + 1) * num_executors - 1) * per_task
+        tasks' steps of its own iteration and every task's of the ``staleness`` iterations before."""
+        tasks = self.tasks_per_iteration(num_executors)
+        return ((self.staleness + 1) * tasks - 1) * self.batches_per_task_for(tasks)
 
     def lr_at(self, epoch: int) -> float:
         """Step size in ``epoch`` (0-based): ``lr / sqrt(1 + decay * epoch)``."""
