@@ -155,12 +155,19 @@ def median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+def placement_args(policy: str) -> list[str]:
+    """``litz run`` options for ``policy``: a placement name, with ``+nosteal`` for speed placement without
+    stealing (to tell the cost of each apart)."""
+    base, *flags = policy.split("+")
+    return ["--placement", base] + (["--no-steal"] if "nosteal" in flags else [])
+
+
 def run(app: str, policy: str, workdir: str, config: dict, phases: list[tuple[float | None, str, float]],
         how: str, extra_config: dict | None = None) -> dict:
     """One job: ``phases`` = (quota or None, name, seconds), timed from the first epoch's report; then stopped."""
     name = f"bench-straggler-{app.split('.')[-1]}-{policy}-{os.getpid()}"
     job = _jobs.Job(workdir, name, app=app, workers=2, servers=1, executors=16,
-                    config={**config, **(extra_config or {})}, extra=["--placement", policy.split("+")[0]])
+                    config={**config, **(extra_config or {})}, extra=placement_args(policy))
     throttle = Throttle(workdir, how)
     job.env.update(throttle.env())
     marks: list[dict] = []
