@@ -14,8 +14,12 @@ server on request, and, being their parent, reaps them and reports how each one 
 
 A launcher that runs such threads already (a program with threads of its own, an etcd client or a ZeroMQ
 context open, or one that ran an etcd job before) gets a fork server that is a fresh interpreter instead.
-It imports litz and the heavy libraries the launcher had loaded, once; its forks start as fast, but they
-load the app from its pickled blob, as fresh interpreters do.
+It imports litz and the heavy libraries once; its forks start as fast, but they load the app from its pickled
+blob, as fresh interpreters do. Such a launcher is a long-lived program (a notebook, a scikit-learn search
+fitting one small job after another), so the fresh fork server is *shared*: started at its first job and kept
+for the next ones, it saves each job the second or so of imports. It holds nothing of a job: each spawn
+request carries the launcher's whole environment and working directory as they are at that moment, and a job
+that ends takes only its own children with it (:meth:`ForkServer.release`).
 
 ``LITZ_SPAWN=exec`` starts fresh interpreters instead (``python -m litz.cli.litz worker ...``), for a
 launcher whose state should not be inherited (one holding a GPU context, or a large heap it keeps
@@ -24,10 +28,12 @@ changing while the job runs: the fork server keeps the pages as they were). With
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import faulthandler
 import gc
 import importlib
+import importlib.util
 import os
 import select
 import signal
@@ -122,6 +128,7 @@ class ForkServer:
     def __init__(self, conn: Connection, pid: int, fresh: subprocess.Popen | None = None):
         self.conn, self.pid = conn, pid
         self.fresh = fresh  # the fresh interpreter's Popen, which reaps it; None for a fork of the launcher
+        self.shared = fresh is not None  # kept for the launcher's next jobs: release(), not close(), after a job
         self.children: dict[int, ForkedProcess] = {}
         self.lock = threading.Lock()
         self.closed = False
@@ -137,9 +144,10 @@ class ForkServer:
 
     @classmethod
     def start(cls, title: str) -> ForkServer:
-        """A fork of the launcher when the launcher has one thread, else a fresh interpreter."""
+        """A fork of the launcher when the launcher has one thread (``title`` names it), else the launcher's shared
+        fresh interpreter, started now if there is none running."""
         if threads_unsafe_to_fork():
-            return cls._start_fresh(title)
+            return cls._shared_fresh()
         ours, theirs = Pipe(duplex=True)
         sys.stdout.flush()  # or the fork writes what the launcher had buffered a second time
         sys.stderr.flush()
@@ -161,21 +169,33 @@ class ForkServer:
         return cls(ours, pid)
 
     @classmethod
+    def _shared_fresh(cls) -> ForkServer:
+        global _shared
+        with _shared_lock:
+            if _shared is None or _shared.closed or _shared.fresh.poll() is not None:  # type: ignore[union-attr]
+                _shared = cls._start_fresh(f"litz forkserver (shared, launcher {os.getpid()})")
+            return _shared
+
+    @classmethod
     def _start_fresh(cls, title: str) -> ForkServer:
         ours, theirs = Pipe(duplex=True)
-        preload = [name for name in PRELOAD if name in sys.modules]
+        # all of them, not only those loaded now: the server outlives this job, and the next one's app may need them
+        preload = [name for name in PRELOAD if name in sys.modules or importlib.util.find_spec(name) is not None]
         argv = [sys.executable, "-c", FRESH_ENTRY, str(theirs.fileno()), str(os.getpid()), title, *preload]
         proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         theirs.close()
         return cls(ours, proc.pid, proc)
 
-    def spawn(self, argv: list[str], env: dict[str, str], title: str) -> ForkedProcess:
-        """Fork a child that runs ``litz`` with ``argv`` (as ``python -m litz.cli.litz`` would) in ``env``."""
+    def spawn(self, argv: list[str], env: dict[str, str], title: str,
+              app: tuple[list[str], str] | None = None) -> ForkedProcess:
+        """Fork a child that runs ``litz`` with ``argv`` (as ``python -m litz.cli.litz`` would) in ``env``.
+        ``app``: (search paths, module name) of the job's app, which the fork server imports first if it has not
+        (a fresh one: then each child need not, with the app's numba kernels it loads from the cache)."""
         with self.lock:
             if self.closed:
                 raise LitzError("the fork server has stopped")
-            try:
-                self.conn.send(("spawn", argv, env, title))
+            try:  # the launcher's environment and directory now: a shared server was started for an earlier job
+                self.conn.send(("spawn", argv, {**os.environ, **env}, os.getcwd(), title, app))
             except OSError as exc:
                 raise LitzError(f"the fork server is gone: {exc}") from None
             wait = 60.0 if self.fresh is not None else 10.0  # a fresh one imports numpy, numba... first
@@ -217,6 +237,24 @@ class ForkServer:
                 child.returncode = -signal.SIGKILL
         self.closed = True
 
+    def release(self, children: list[ForkedProcess]) -> None:
+        """A job is done with this fork server: end it, or, when it is the shared one, end the job's ``children``
+        still running (SIGKILL: the job has stopped them already) and forget them."""
+        if not self.shared:
+            self.close()
+            return
+        for child in children:
+            child.kill()
+        for child in children:
+            try:
+                child.wait(10)
+            except subprocess.TimeoutExpired:
+                pass  # a child that outlives SIGKILL this long is in the kernel's hands; its exit report comes later
+        with self.lock:
+            for child in children:
+                if child.returncode is not None:
+                    self.children.pop(child.pid, None)
+
     def close(self) -> None:
         """End the fork server (its children end with it) and reap it."""
         with self.lock:
@@ -234,6 +272,22 @@ class ForkServer:
             os.waitpid(self.pid, 0)
         except ChildProcessError:
             pass
+
+
+_shared: ForkServer | None = None  # the launcher's shared fresh fork server, if it has started one
+_shared_lock = threading.Lock()
+
+
+def close_shared() -> None:
+    """End the shared fresh fork server, if one runs (at exit; tests, which must leave no process behind)."""
+    global _shared
+    with _shared_lock:
+        server, _shared = _shared, None
+    if server is not None:
+        server.close()
+
+
+atexit.register(close_shared)
 
 
 # -- the fork server's side -------------------------------------------------------------------------------
@@ -320,10 +374,12 @@ def _serve(conn: Connection, launcher: int) -> None:
                 return
             if msg[0] == "stop":
                 return
-            _, argv, env, title = msg
+            _, argv, env, cwd, title, app = msg
+            if app is not None:
+                _import_app(*app)
             pid = os.fork()
             if pid == 0:
-                _child(conn, pidfds, argv, env, title)
+                _child(conn, pidfds, argv, env, cwd, title)
             pidfds[os.pidfd_open(pid)] = pid
             conn.send(("started", pid))
 
@@ -365,14 +421,29 @@ def close_inherited_fds(keep: tuple[int, ...] = ()) -> None:
         faulthandler.enable(file=2, all_threads=True)
 
 
-def _child(conn: Connection, pidfds: dict[int, int], argv: list[str], env: dict[str, str], title: str) -> None:
+def _import_app(paths: list[str], module: str) -> None:
+    """The app's module, imported in the fork server so its children inherit it. A module that fails to import
+    is left to the child, which reports the error as a job's worker does."""
+    if module in sys.modules:
+        return
+    sys.path[:0] = [p for p in paths if p not in sys.path]
+    try:
+        importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - the child imports it again and says why it fails
+        sys.modules.pop(module, None)
+
+
+def _child(conn: Connection, pidfds: dict[int, int], argv: list[str], env: dict[str, str], cwd: str,
+           title: str) -> None:
     code = 1
     try:
         conn.close()
         for fd in pidfds:
             os.close(fd)
         # SIGINT stays ignored, as in the fork server: Ctrl-C is the launcher's (see roles.serve)
+        os.environ.clear()  # the launcher's environment at the spawn, whatever it was when the server started
         os.environ.update(env)
+        os.chdir(cwd)
         os.environ["LITZ_PARENT_PID"] = str(os.getppid())
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)

@@ -70,8 +70,10 @@ class LocalProcesses:
     interpreters with ``LITZ_SPAWN=exec``."""
 
     def __init__(self, name: str, home: str, secret: str, etcd: Any = None,
-                 server_memory_limit: int | None = None):
+                 server_memory_limit: int | None = None, app: Any = None):
+        """``app``: the job's (:class:`litz.appload.App`), which a fresh fork server imports for its children."""
         self.name, self.home, self.etcd = name, home, etcd
+        self.app = None if app is None else (list(app.paths), app.module.__name__)
         self.server_memory_limit = server_memory_limit
         user_blas = {k: os.environ[k] for k in ONE_BLAS_THREAD if k in os.environ}
         # LITZ_LOCAL_TCP=1: TCP with CURVE, as between hosts, instead of Unix sockets
@@ -93,7 +95,7 @@ class LocalProcesses:
         if role == "server" and self.server_memory_limit:
             argv += ["--memory-limit", str(self.server_memory_limit)]
         if self.forks is not None:
-            proc = self.forks.spawn(argv, self.env, f"litz {role} --name {self.name}")
+            proc = self.forks.spawn(argv, self.env, f"litz {role} --name {self.name}", self.app)
         else:
             proc = subprocess.Popen([sys.executable, "-m", "litz.cli.litz", *argv], env={**os.environ, **self.env},
                                     stdin=subprocess.DEVNULL)
@@ -137,9 +139,10 @@ class LocalProcesses:
         shmring.remove_all(self.ring_prefix)  # rings a killed child offered and nobody mapped
 
     def close_forks(self) -> None:
-        """End the fork server and remove the sockets' directory: nothing of the job starts after this."""
+        """Done with the fork server (it ends, or the shared one ends this job's children) and remove the sockets'
+        directory: nothing of the job starts after this."""
         if self.forks is not None:
-            self.forks.close()
+            self.forks.release([proc for _, proc in self.procs])
             self.forks = None
         if self.local_dir:
             shutil.rmtree(self.local_dir, ignore_errors=True)
@@ -182,7 +185,7 @@ def run(app: Any, workers: int = 2, servers: int = 1, executors: int | None = No
 
         dashboard = LauncherDashboard(str(dashboard_at), allow_control)
     # before anything of this job starts a thread (an etcd client does): the fork server is forked now
-    children = LocalProcesses(name, home, secret, etcd, options.pop("server_memory_limit", None))
+    children = LocalProcesses(name, home, secret, etcd, options.pop("server_memory_limit", None), app)
     try:
         membership = Membership(connect_kv(etcd, home), name)
         if options.get("progress") is None:

@@ -7,6 +7,7 @@ import time
 import psutil
 import pytest
 
+from litz.forkserver import close_shared
 from tests.support.etcd import start_cluster, start_one
 
 
@@ -29,6 +30,7 @@ def no_leftover_processes():
     """Every process a test starts must be gone when it ends; leftovers are killed and fail the test."""
     before = {p.pid for p in _descendants()}
     yield
+    close_shared()  # a launcher with threads keeps a shared fork server for its next job: this test's, ended here
     deadline = time.time() + 5
     left = [p for p in _descendants() if p.pid not in before]
     while left and time.time() < deadline:

@@ -91,6 +91,52 @@ def test_a_launcher_that_runs_threads_gets_a_fork_server_that_is_a_fresh_interpr
     assert len(set(by_process.values())) == 2, "each worker has its own numpy global random stream"
 
 
+def a_threaded_launcher_runs_job_after_job() -> None:
+    """Run in a fresh interpreter (run_in_fresh_process): a launcher with a thread of its own runs three jobs."""
+    import tempfile
+
+    import psutil
+
+    from litz import forkserver
+
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    whoami = os.path.abspath(app_path("whoami"))
+    try:
+        runs = []
+        for i in range(3):
+            os.environ["WHOAMI_MARKER"] = f"job {i}"  # set after the shared server started: spawns carry it
+            with tempfile.TemporaryDirectory() as cwd:
+                os.chdir(cwd)
+                runs.append((cwd, litz.run(whoami, workers=2, servers=1, executors=2, name=f"threaded-{i}")))
+            shared = forkserver._shared
+            assert shared is not None and shared.shared and not shared.closed
+            left = [p for p in psutil.Process(shared.pid).children() if p.status() != psutil.STATUS_ZOMBIE]
+            assert left == [], f"job {i} left children in the shared fork server: {left}"
+    finally:
+        stop.set()
+        thread.join()
+    fork_servers = {f["ppid"] for _, facts in runs for f in facts}
+    assert fork_servers == {shared.pid}, "every job's workers are forks of the one shared fork server"
+    for i, (cwd, facts) in enumerate(runs):
+        assert {f["marker"] for f in facts} == {f"job {i}"}, "the launcher's environment at the job's start"
+        assert {f["cwd"] for f in facts} == {os.path.realpath(cwd)}, "the launcher's directory at the job's start"
+        assert all(f["cmdline"] == f"litz worker --name threaded-{i}" for f in facts), facts
+    server = psutil.Process(shared.pid)
+    forkserver.close_shared()
+    assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE
+    assert forkserver._shared is None
+
+
+@pytest.mark.timeout(120)
+def test_a_threaded_launcher_keeps_one_fresh_fork_server_for_its_jobs():
+    """A threaded launcher (a notebook, a scikit-learn search) would pay a fresh interpreter's imports at each
+    job; its fork server is kept instead, and each job's children still get the launcher's environment and
+    directory of that moment, and end with their job."""
+    run_in_fresh_process(a_threaded_launcher_runs_job_after_job)
+
+
 @pytest.mark.timeout(120)
 def test_a_launcher_with_an_open_etcd_client_runs_job_after_job(etcd):
     """gRPC's threads and fork handlers live in a launcher that holds an etcd client; its jobs start anyway."""
