@@ -184,6 +184,20 @@ def preload(kernels: dict[str, dict[str, Any]]) -> list[str]:
     return missing
 
 
+def from_disk(module: str) -> Any:
+    """The module named ``module`` as imported from its file, or None when this process cannot import it.
+
+    Litz ships an app's code to workers by value (cloudpickle), and numba's on-disk cache (``cache=True``) serves
+    only functions imported from their file: a shipped copy of a kernel compiles again in every worker process
+    (seconds of CPU), while the imported one loads from the cache, or is already loaded in a fork of a process
+    that imported the app. An app calls its kernels through this, falling back to its shipped copy on a
+    machine without the app."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        return None
+
+
 def app_kernels(module: Any) -> dict[str, dict[str, Any]]:
     """The ``KERNELS`` an app's module or its package declares ({} for an app without numba kernels)."""
     found = getattr(module, "KERNELS", None)

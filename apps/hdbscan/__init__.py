@@ -50,7 +50,6 @@ everything the previous phases wrote.
 """
 from __future__ import annotations
 
-import importlib
 import math
 import time
 from typing import Any
@@ -80,14 +79,9 @@ litz.kernels.preload(KERNELS)
 
 
 def _kernels():
-    """The kernel modules as imported from disk when this process can import them. Numba's on-disk cache
-    (``cache=True``) works only for functions imported from their file: Litz ships the app's code to workers
-    by value (cloudpickle), and such copies would compile again in every worker process. A worker that
-    cannot import the app (a cluster machine without it) uses the shipped copies, which compile on first use."""
-    try:
-        return importlib.import_module(_knn.__name__), importlib.import_module(_tree.__name__)
-    except ImportError:
-        return _knn, _tree
+    """The kernel modules as imported from disk when this process can import them, else the shipped copies,
+    which compile on first use (:func:`litz.kernels.from_disk`)."""
+    return litz.kernels.from_disk(_knn.__name__) or _knn, litz.kernels.from_disk(_tree.__name__) or _tree
 
 
 def _seed(*parts: int) -> int:

@@ -27,6 +27,7 @@ import numba
 import numpy as np
 
 import litz
+import litz.kernels
 
 from .settings import Settings
 
@@ -242,8 +243,12 @@ def _parse(path: str, buf: np.ndarray) -> Corpus:
     doc = np.empty(nnz, np.int32)
     word = np.empty(nnz, np.int32)
     count = np.empty(nnz, np.int32)
-    n, err, bad_line, start = _parse_entries(buf, min(pos, len(buf)), line, nnz, num_docs, num_words,
-                                             doc, word, count)
+    # the parsers as imported from this file where the process can (their numba cache serves them), else these
+    imported = litz.kernels.from_disk(__name__)
+    parse_entries, line_of_entry = ((imported._parse_entries, imported._line_of_entry) if imported is not None
+                                    else (_parse_entries, _line_of_entry))
+    n, err, bad_line, start = parse_entries(buf, min(pos, len(buf)), line, nnz, num_docs, num_words,
+                                            doc, word, count)
     if err:
         text = _text_line(buf, start)
         what = {
@@ -264,7 +269,7 @@ def _parse(path: str, buf: np.ndarray) -> Corpus:
         if d > int(doc.max(initial=-1)):
             where = "1"  # the header's D promises documents the file does not have
         elif np.all(np.diff(doc) >= 0) and len(after):
-            where = str(_line_of_entry(buf, pos, line, int(after[0])))
+            where = str(line_of_entry(buf, pos, line, int(after[0])))
         else:
             where = None
         more = f" ({len(empty)} empty documents in all)" if len(empty) > 1 else ""
