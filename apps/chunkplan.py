@@ -28,10 +28,18 @@ class ChunkPlan:
         self.tasks, self.staleness, self.extra = tasks, staleness, tuple(extra)
         self.chunks = {e: math.ceil(n / self.chunk) for e, n in sorted(rows.items()) if n}
         self.per_epoch = math.ceil(sum(self.chunks.values()) / tasks) if self.chunks else 0
+        self.epochs = epochs
         self.iterations = epochs * self.per_epoch
         self.dispatched = self.finished = 0
         self.pending: dict[int, int] = {}
         self.taken: dict[int, int] = {}  # executor -> chunks of the current epoch dispatched
+
+    def start(self, driver: litz.Driver) -> bool:
+        """Show the epochs on the driver's progress line and dispatch the first iterations; True when there is
+        none to run (``epochs=0``), so the driver goes on to what follows training."""
+        driver.set_total(self.epochs, unit="epoch")
+        self.advance(driver)
+        return self.done
 
     def advance(self, driver: litz.Driver) -> None:
         """Dispatch every iteration the staleness bound allows now."""

@@ -165,9 +165,7 @@ class KMeansDriver(litz.Driver):
             self.plan = ChunkPlan({e: r["rows"] for e, r in self.infos.items()}, s.batch,
                                   s.tasks_per_batch(self.num_executors), s.epochs, s.staleness)
             self.per_epoch = self.plan.per_epoch
-            self.set_total(s.epochs, unit="epoch")
-            self.plan.advance(self)
-            if self.plan.done:
+            if self.plan.start(self):
                 self._start_eval()
             return
         self.ssp = SSP(self, s.staleness, s.epochs * self.per_epoch,

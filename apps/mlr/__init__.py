@@ -157,9 +157,7 @@ class MLRDriver(litz.Driver):
             self.plan = ChunkPlan({r["executor"]: math.ceil(r["rows"] / s.batch_size) for r in self.infos},
                                   tasks * per_task, tasks, s.epochs, s.staleness, extra=(s.batch_size, s.l2))
             self.per_epoch = self.plan.per_epoch
-            self.set_total(s.epochs, unit="epoch")
-            self.plan.advance(self)
-            if self.plan.done:
+            if self.plan.start(self):
                 self._start_eval()
             return
         batches = max(math.ceil(r["rows"] / s.batch_size) for r in self.infos)
