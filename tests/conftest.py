@@ -2,6 +2,7 @@
 What the fixtures build comes from tests/support."""
 from __future__ import annotations
 
+import signal
 import time
 
 import psutil
@@ -9,6 +10,12 @@ import pytest
 
 from litz.forkserver import close_shared
 from tests.support.etcd import start_cluster, start_one
+
+# A suite started in the background by a shell without job control (`(pytest &)`, a CI wrapper) inherits SIGINT
+# ignored, and so does every `litz run` it starts, exec keeping it: the Ctrl-C tests then timed out (a launcher
+# that never hears Ctrl-C). Begin from Python's own handler whatever the suite was started with.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
