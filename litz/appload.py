@@ -121,6 +121,24 @@ def load_executor_class(blob: bytes | None, token: str | None = None) -> type:
     return cls
 
 
+def import_app(paths: list[str], module: str) -> None:
+    """Import the app's ``module`` from its file into this process, as :func:`load_executor_class` prepares for it
+    (its search paths first, numba's cache directory set): a fresh fork server does, so that its forks inherit the
+    app and the kernels it preloads. A module that fails to import is left to the process that needs it, which
+    imports it again and reports why."""
+    if module in sys.modules:
+        return
+    from .kernels import ensure_cache_dir
+
+    ensure_cache_dir()
+    for path in reversed(paths):
+        _add_search_path(path)
+    try:
+        importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - reported where the app is needed
+        sys.modules.pop(module, None)
+
+
 def _restore_filenames(obj: object, files: dict[str, str], seen: set[int]) -> None:
     """Walk the classes, functions and app submodules reachable from ``obj`` (methods, and the module globals
     they use) and give each function of an app module its file name back."""

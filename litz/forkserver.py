@@ -128,10 +128,15 @@ class ForkServer:
     def __init__(self, conn: Connection, pid: int, fresh: subprocess.Popen | None = None):
         self.conn, self.pid = conn, pid
         self.fresh = fresh  # the fresh interpreter's Popen, which reaps it; None for a fork of the launcher
-        self.shared = fresh is not None  # kept for the launcher's next jobs: release(), not close(), after a job
         self.children: dict[int, ForkedProcess] = {}
         self.lock = threading.Lock()
         self.closed = False
+
+    @property
+    def shared(self) -> bool:
+        """A fresh interpreter is the launcher's shared fork server, kept for its next jobs: release(), not
+        close(), after a job."""
+        return self.fresh is not None
 
     @staticmethod
     def supported() -> bool:
@@ -376,7 +381,9 @@ def _serve(conn: Connection, launcher: int) -> None:
                 return
             _, argv, env, cwd, title, app = msg
             if app is not None:
-                _import_app(*app)
+                from .appload import import_app
+
+                import_app(*app)
             pid = os.fork()
             if pid == 0:
                 _child(conn, pidfds, argv, env, cwd, title)
@@ -419,18 +426,6 @@ def close_inherited_fds(keep: tuple[int, ...] = ()) -> None:
                 pass
     if faulthandler.is_enabled():  # its file may have been one of them: a crash report goes to stderr instead
         faulthandler.enable(file=2, all_threads=True)
-
-
-def _import_app(paths: list[str], module: str) -> None:
-    """The app's module, imported in the fork server so its children inherit it. A module that fails to import
-    is left to the child, which reports the error as a job's worker does."""
-    if module in sys.modules:
-        return
-    sys.path[:0] = [p for p in paths if p not in sys.path]
-    try:
-        importlib.import_module(module)
-    except Exception:  # noqa: BLE001 - the child imports it again and says why it fails
-        sys.modules.pop(module, None)
 
 
 def _child(conn: Connection, pidfds: dict[int, int], argv: list[str], env: dict[str, str], cwd: str,
