@@ -178,11 +178,11 @@ class Stealing:
         now = clock.time()
         if now - self._last_check < self.check_s or not m.started or m.finished:
             return
+        self._last_check = now
         # decide() needs an executor with min_outstanding tasks (a victim's queue): without one, which is always the
         # case in a synchronous job of one task per executor a step, skip building the view (max() runs in C)
         if max(self.outstanding.values(), default=0) < max(self.min_outstanding, 1):
             return
-        self._last_check = now
         steal = decide(self.view())
         if steal is not None:
             self.start(steal)
