@@ -76,6 +76,11 @@ def toward_quotas(after: dict[str, int], thief: str, victim: str, speeds: dict[s
     return after[thief] <= quota[thief] and after[victim] >= quota[victim]
 
 
+def stealable(outstanding: int, min_outstanding: int) -> bool:
+    """Whether an executor with ``outstanding`` tasks may be stolen: ``min_outstanding`` of them, and one at least."""
+    return outstanding >= max(min_outstanding, 1)
+
+
 def decide(view: View) -> Steal | None:
     """The steal to start now, or None (docs/design.md, "Placement policy": stealing between rebalances)."""
     if view.steal_in_flight or view.operation or view.recovery or view.moving:
@@ -96,7 +101,7 @@ def decide(view: View) -> Steal | None:
     speeds = {w: 1.0 / per_task[w] for w in workers}
     for victim in victims:
         queued = {e: view.outstanding.get(e, 0) - 1 for e in held[victim]
-                  if view.outstanding.get(e, 0) >= max(view.min_outstanding, 1)}
+                  if stealable(view.outstanding.get(e, 0), view.min_outstanding)}
         if not queued:
             continue
         eid = max(queued, key=lambda e: (queued[e], -e))
@@ -181,7 +186,7 @@ class Stealing:
         self._last_check = now
         # decide() needs an executor with min_outstanding tasks (a victim's queue): without one, which is always the
         # case in a synchronous job of one task per executor a step, skip building the view (max() runs in C)
-        if max(self.outstanding.values(), default=0) < max(self.min_outstanding, 1):
+        if not stealable(max(self.outstanding.values(), default=0), self.min_outstanding):
             return
         steal = decide(self.view())
         if steal is not None:
