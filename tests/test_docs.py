@@ -7,12 +7,12 @@ import glob
 import os
 import re
 import shutil
-import sys
 
 import pytest
 
 import litz
 from litz.job import JOB_OPTIONS
+from tests.support.bench import bench_module
 from tests.support.processes import ROOT
 
 DOCS = ["README.md", "docs/*.md", "apps/*/README.md", "bench/README.md", "bench/HISTORY.md", "deploy/README.md"]
@@ -85,11 +85,7 @@ def test_every_litz_run_option_is_documented() -> None:
 def test_the_bench_scripts_still_find_their_table(tmp_path) -> None:
     """bench/_table.py replaces a benchmark's row in place in bench/README.md; the top README carries the same
     rows. Done on a copy, so the real table is untouched."""
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    try:
-        import _table
-    finally:
-        sys.path.remove(os.path.join(ROOT, "bench"))
+    _table = bench_module("_table")
 
     def rows(text: str) -> list[str]:
         return text.split(_table.BEGIN, 1)[1].split(_table.END, 1)[0].strip().splitlines()

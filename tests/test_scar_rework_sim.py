@@ -1,13 +1,11 @@
 """The SCAR rework simulation behind bench/scar_rework.py (thesis §5.5.3-5.5.4): its rework accounting and
 its running checkpoint, on a problem small enough to take well under a second."""
-import os
-import sys
-
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
-import scar_rework as sr  # noqa: E402
+from tests.support.bench import bench_module
+
+sr = bench_module("scar_rework")
 
 pytestmark = pytest.mark.timeout(60)
 
