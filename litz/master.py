@@ -943,9 +943,10 @@ class Master(Process):
                              f"got {executor!r}")
         if len(self.executor_owner) != self.num_executors:  # not placed yet (or being re-placed by a recovery)
             return None
-        where = [self.moving_executors.get(e, w) for e, w in enumerate(self.executor_owner)]
-        speed = self.speeds().get(where[int(executor)])
-        return None if speed is None else speed / where.count(where[int(executor)])
+        where, held = self.owners.destinations()
+        worker = where[int(executor)]
+        speed = self.speeds().get(worker)
+        return None if speed is None else speed / held[worker]
 
     # -- elasticity ----------------------------------------------------------------------------------
     def rebalance(self, kind: str, processes: list[str]) -> None:

@@ -7,6 +7,7 @@ one it has.
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from types import MappingProxyType
 
@@ -29,6 +30,7 @@ class Placement:
         self.moving_executors = MappingProxyType(self._moving_executors)
         self.copying_input = MappingProxyType(self._copying_input)
         self.moving_shards = MappingProxyType(self._moving_shards)
+        self._destinations: tuple[tuple[str, ...], Counter[str]] | None = None  # see destinations()
 
     # -- placing everything at once: nothing runs, so nothing moves ------------------------------------
     def place(self, workers: Sequence[str], servers: Sequence[str], num_executors: int, num_shards: int) -> None:
@@ -40,6 +42,7 @@ class Placement:
         self.shard_owner = tuple(servers[s % len(servers)] for s in range(num_shards))
         quota = quotas(num_executors, list(workers), self.policy.weights())
         self.executor_owner = tuple(w for w in workers for _ in range(quota[w]))
+        self._destinations = None
 
     def rehome_shards(self, lost: Sequence[str], active: Sequence[str]) -> list[int]:
         """Partial recovery: give the shards of the ``lost`` servers to the ``active`` survivors, each next to the
@@ -78,10 +81,12 @@ class Placement:
     def start_executor_move(self, eid: int, dest: str, copy_input: bool) -> None:
         """A planned executor move begins: its input data first (``copy_input``), or the executor at once."""
         (self._copying_input if copy_input else self._moving_executors)[eid] = dest
+        self._destinations = None
 
     def input_copied(self, eid: int) -> str:
         """The input of ``eid`` reached its destination: the executor itself moves next. Returns the destination."""
         dest = self._moving_executors[eid] = self._copying_input.pop(eid)
+        self._destinations = None
         return dest
 
     def call_off_copy(self, eid: int) -> None:
@@ -94,6 +99,7 @@ class Placement:
         owners = list(self.executor_owner)
         src, owners[eid] = owners[eid], dest
         self.executor_owner = tuple(owners)
+        self._destinations = None
         return src
 
     def start_shard_move(self, shard: int, dest: str) -> None:
@@ -110,6 +116,15 @@ class Placement:
         self._moving_executors.clear()
         self._copying_input.clear()
         self._moving_shards.clear()
+        self._destinations = None
+
+    def destinations(self) -> tuple[tuple[str, ...], Counter[str]]:
+        """Where each executor is, or goes if it is moving, and how many each worker holds so. Kept until the map or
+        a move changes: a driver may ask for every executor's speed each step (``Driver.executor_speed``)."""
+        if self._destinations is None:
+            where = tuple(self._moving_executors.get(e, w) for e, w in enumerate(self.executor_owner))
+            self._destinations = (where, Counter(where))
+        return self._destinations
 
     def executors_of(self, worker: str) -> list[int]:
         return [e for e, w in enumerate(self.executor_owner) if w == worker]
