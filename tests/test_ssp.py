@@ -157,7 +157,7 @@ def test_pickles_with_its_driver() -> None:
 @pytest.mark.parametrize("staleness", [0, 2])
 def test_ssp_bound_through_real_processes(staleness):
     """No task of iteration i runs before every task of iteration i-s-1 finished (and its updates are visible),
-    and the run does go ahead by s iterations (executors 1x to 3x apart drift to the bound): SSP, not BSP."""
+    and the run does go ahead by s iterations (a slow executor holds the others at the bound): SSP, not BSP."""
     import litz
     from tests.support.processes import app_path
 
