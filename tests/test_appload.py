@@ -7,7 +7,7 @@ import pytest
 
 import litz
 from tests.support.badapps import assert_clean_failure, run_app
-from tests.support.processes import Processes
+from tests.support.processes import Processes, metric_rows
 
 HELPER = "def double(x):\n    return 2 * x\n"
 
@@ -138,7 +138,7 @@ def test_a_bundled_apps_driver_subclassed(tmp_path):
                   "--metrics", str(metrics))
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["epochs"] == 1
-    assert any(json.loads(line).get("mine") == 1 for line in metrics.read_text().splitlines())  # MyDriver ran
+    assert any(r.get("mine") == 1 for r in metric_rows(metrics))  # MyDriver ran
 
 
 @pytest.mark.timeout(90)

@@ -4,7 +4,7 @@ import pytest
 import litz
 from tests.apps.chains import SHAPE
 from tests.support.chains import check_result
-from tests.support.processes import app_path
+from tests.support.processes import app_path, metric_rows
 
 
 @pytest.mark.timeout(90)
@@ -30,6 +30,6 @@ def test_output_and_metrics_files(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["result"] == {"done": 500} and doc["tasks_completed"] == 500
     assert doc["elapsed_s"] > 0 and isinstance(doc["events"], list)
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    rows = metric_rows(metrics)
     assert len(rows) == 500 and rows[-1]["done"] == 500
     assert rows[-1]["workers"] == 2 and rows[-1]["servers"] == 1 and "t" in rows[0]

@@ -13,7 +13,7 @@ import pytest
 from tests.support.chains import CHAINS, STEPS, check_result
 from tests.support.errors import assert_one_line
 from tests.support.handbuilt import bare_master, bare_server, bare_worker
-from tests.support.processes import Processes, app_path, ctl, status, wait_for
+from tests.support.processes import Processes, app_path, ctl, metric_rows, status, wait_for
 from tests.support.scenario import Record, scenario
 
 LONG = 400  # a job that outlasts a test's whole script of litzctl calls, even on a loaded machine
@@ -149,7 +149,7 @@ def test_a_shard_move_forwards_requests_and_never_pauses_the_workers(tmp_path):
     check_result(result, steps=LONG)
     moves = [e for e in json.loads(out.read_text())["events"] if e["kind"] == "scale_out"]
     assert len(moves) == 1 and moves[0]["shards_moved"] == 32 and moves[0]["executors_moved"] == 0, moves
-    row = next(json.loads(line) for line in m.read_text().splitlines() if '"log_runs"' in line)
+    row = next(r for r in metric_rows(m) if "log_runs" in r)
     start = row["time"] - row["t"]  # the job log's start: events' times are relative to it
     began, ended = start + moves[0]["t"], start + moves[0]["end"]
     assert len(result["runs"]) == 2  # the two workers' pids

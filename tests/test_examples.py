@@ -1,11 +1,10 @@
 """The README's example app runs and learns (its weights reach the known ones, so the loss hits the noise floor)."""
-import json
 import os
 
 import pytest
 
 import litz
-from tests.support.processes import ROOT
+from tests.support.processes import ROOT, metric_rows
 
 
 @pytest.mark.timeout(60)
@@ -29,7 +28,7 @@ def test_readme_ssp_example(tmp_path):
                       config={"staleness": 2, "iterations": 40}, metrics=str(metrics))
     assert result["iterations"] == 40
     assert result["loss"] < 0.02  # noise variance is 0.01; the zero model's loss is about 285
-    reports = [json.loads(line) for line in metrics.read_text().splitlines()]
+    reports = metric_rows(metrics)
     iterations = [r["iteration"] for r in reports if "iteration" in r]
     assert iterations == list(range(40))
     assert reports[0]["loss"] > 100 * result["loss"]  # the first iteration read the zero model

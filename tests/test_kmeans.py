@@ -17,6 +17,7 @@ import apps.kmeans as km
 import litz
 from apps.kmeans import data, model
 from tests.support import inprocess
+from tests.support.processes import metric_rows
 from tests.support.reference import full_kmeans_data as full_data
 from tests.support.reference import rel, sklearn_objective
 
@@ -219,7 +220,7 @@ def test_litz_run_writes_centroids_and_reports(tmp_path) -> None:
     score, counts = model.score(X, centers)
     assert rel(score / len(X), result["objective"]) < 1e-5
     np.testing.assert_array_equal(counts, sizes)
-    epochs = [json.loads(line).get("epoch") for line in metrics.read_text().splitlines()]
+    epochs = [r.get("epoch") for r in metric_rows(metrics)]
     assert [e for e in epochs if e is not None] == [1, 2, 3]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".kmeans-")]  # no temporary file left
 

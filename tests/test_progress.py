@@ -18,7 +18,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from litz.joblog import prune_history
-from tests.support.processes import ROOT, run_cli
+from tests.support.processes import ROOT, metric_rows, run_cli
 
 MLR = ["apps.mlr", "--config", "synthetic=1", "n=20000", "n_test=2000"]
 
@@ -115,7 +115,7 @@ def test_plot_after_the_job_ended(tmp_path, litz_home):
     assert stat.S_IMODE(hist.stat().st_mode) == 0o700
     for f in ("metrics.jsonl", "samples.jsonl", "events.json"):
         assert stat.S_IMODE((hist / f).stat().st_mode) == 0o600, f
-    rows = [json.loads(line) for line in (hist / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(hist / "metrics.jsonl")
     assert [r["epoch"] for r in rows] == list(range(1, 9))
     checkpoints = [e for e in json.loads((hist / "events.json").read_text()) if e["kind"] == "checkpoint"]
     assert checkpoints, "the job took no checkpoint"

@@ -14,7 +14,7 @@ import pytest
 from litz.cli.litzctl import format_status
 from tests.support.chains import CHAINS, check_result
 from tests.support.errors import assert_one_line
-from tests.support.processes import Processes, app_path, run_cli, status, wait_for
+from tests.support.processes import Processes, app_path, metric_rows, run_cli, status, wait_for
 
 STEPS = 200
 LONG = 600  # the job that is released too: it must outlast both moves, even on a loaded machine
@@ -303,7 +303,7 @@ def test_executor_speed_is_the_worker_speed_shared_by_the_executors_it_holds(lit
 
 def probe_rows(out, metrics) -> tuple[dict, list[dict]]:
     doc = json.loads(out.read_text())
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    rows = metric_rows(metrics)
     return doc, [r for r in rows if "round" in r]
 
 

@@ -1,4 +1,5 @@
-"""Real processes for tests: running the console scripts, waiting for a condition, ports, the job's status."""
+"""Real processes for tests: running the console scripts, waiting for a condition, ports, the job's status and
+metrics."""
 from __future__ import annotations
 
 import os
@@ -157,6 +158,19 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
         if time.time() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+def metric_rows(path) -> list[dict]:
+    """The rows of a JSON-lines file a job writes (``--metrics``), complete lines only: a running job may be half
+    way through its last one. Empty before the file exists."""
+    import json
+
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines() if line.strip()]
 
 
 def status(name: str, etcd: str | None = None) -> dict | None:
