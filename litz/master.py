@@ -608,6 +608,7 @@ class Master(Process):
             self.done_seen[sender] += 1  # told back on TASKS: the worker may forget these tasks (A4)
             if not all(type(r) is tuple and len(r) == 2 for r in msg[1]):  # never the driver's fault: checked first
                 raise BadMessage("DONE with a result that is not a (task id, result) pair")
+            per_executor = None
             if len(msg) > 3:  # how long the batch's tasks ran: the worker's speed
                 timing = msg[3]
                 if (len(timing) != 4 or not all(isinstance(x, (int, float)) for x in timing[:3])
@@ -621,10 +622,11 @@ class Master(Process):
                         meter.limit(self.workers[sender].stats.get("cpu_limit"))
                 meter.add(*timing[:3], clock.time())
                 self.executor_costs.add(timing[3])
+                per_executor = timing[3]
             self.note_writes(sender, msg[2])  # before the driver dispatches anything behind these completions
             if self.memsched is not None:
                 self.memsched.done(msg[1])
-            self.on_done(msg[1])
+            self.on_done(msg[1], per_executor)
         elif tag == P.STATS:
             member = self.workers.get(sender) or self.servers.get(sender)
             if member is not None:
@@ -717,10 +719,11 @@ class Master(Process):
             if not self.recovery.paused:
                 self.rebalance("scale_out", [ident])
 
-    def on_done(self, results: list) -> None:
+    def on_done(self, results: list, per_executor: dict | None = None) -> None:
+        """``per_executor``: the DONE's timing per executor, whose first field counts its completions here."""
         driver = self.driver
         if self.stealing is not None:
-            self.stealing.done(results)
+            self.stealing.done(results, per_executor)
         with app_code("driver handle_task_completion"):  # once for the batch: this runs for every task
             for tid, result in results:
                 if self.finished:

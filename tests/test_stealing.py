@@ -169,3 +169,12 @@ def test_outstanding_tasks_are_counted_per_executor_from_dispatches_and_completi
     st.reset()
     assert not st.outstanding
 
+
+
+def test_a_dones_completions_are_taken_from_the_workers_count_per_executor():
+    """With a DONE's timing the master subtracts the worker's completions per executor, a step per executor (one
+    that only ran a task counts nothing); the sim checks the two counts agree at every job's end."""
+    st = Stealing(FakeMaster(), threshold=0.1)
+    st.sent([(seq * 4 + eid, eid, 0, None) for seq, eid in enumerate([2, 2, 3, 2, 0])])
+    st.done([(4, None), (12, None), (7, None)], {2: (2, 0.1, 0.1), 3: (1, 0.0, 0.0), 0: (0, 0.2, 0.2)})
+    assert {e: n for e, n in st.outstanding.items() if n} == {2: 1, 0: 1}

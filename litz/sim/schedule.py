@@ -165,7 +165,13 @@ class Schedule:
             for role, count in (("server", p.servers), ("worker", p.workers)):
                 for _ in range(count):
                     self.spawn(role)
-            return master.run()
+            result = master.run()
+            st = master.stealing
+            if st is not None and master.in_flight == 0:  # every task completed: nothing may count as outstanding
+                left = {e: n for e, n in st.outstanding.items() if n}
+                if left:
+                    checks.violation(f"stealing counts tasks outstanding after every task completed: {left}")
+            return result
         finally:
             master.stop_all()
             membership.unregister()
