@@ -93,7 +93,7 @@ def install_trace() -> types.ModuleType:
     if hasattr(w.Worker, "release"):  # a task sent ahead may start (its closure is done here)
         wrap(w.Worker, "release", lambda self, task: note("release", [task.tid]))
 
-    def on_done(self, results):  # noqa: ANN001, ANN202
+    def on_done(self, results, *rest):  # noqa: ANN001, ANN002, ANN202
         note("result", [tid for tid, _ in results])
         for tid, r in results:
             trace.names[tid] = (r["key"], r["n"])

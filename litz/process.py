@@ -316,7 +316,9 @@ class Process:
         the job: the master raises it, a worker or server reports it to the master. Another :class:`LitzError`
         ends this process on purpose (a refusal). Any other exception is the message's fault, never the app's (the
         shapes do not look inside batches, nor at the receiver's state): it is dropped as malformed, with where
-        the handler failed, and the process goes on serving."""
+        the handler failed, and the process goes on serving. At the master, a process of this job whose message
+        could not be handled is also taken out of the job at once: what it sent is lost (a DONE's completions, a
+        MOVED), so the job would wait for it forever; without it the master recovers, or ends the job saying why."""
         try:
             self.handle(sender, msg)
         except (AppError, InputError) as exc:
@@ -327,6 +329,8 @@ class Process:
             raise
         except Exception as exc:
             self.endpoint.guard.refuse(sender, f"{msg[0]} that could not be handled", describe(exc))
+            if self.role == "master" and sender in self.peers_ok:
+                self.take_out(sender, f"its {msg[0]} could not be handled ({describe(exc)})")
 
     def offender(self, peer: str) -> bool:
         """``peer`` sent more malformed messages than the guard allows: cut it off for a while (True), unless it
@@ -336,13 +340,17 @@ class Process:
         if peer == "master":
             return False
         if peer in self.peers_ok:
-            sys.stderr.write(f"litz: {self.role} {self.ident}: {peer} is a process of this job that sends malformed "
-                             "messages: taking it out of the job\n")
-            try:
-                self.membership.evict(peer)
-            except Exception:  # the registry is unreachable: the master hears of it by other ways, or not at all
-                pass
+            self.take_out(peer, "it sends malformed messages")
         return self.endpoint.cut_off(peer)
+
+    def take_out(self, peer: str, why: str) -> None:
+        """Take ``peer``, a process of this job, out of it (its registration goes): the master handles that as
+        the loss of a member, as if it had died."""
+        sys.stderr.write(f"litz: {self.ident}: taking {peer} out of the job: {why}\n")  # as the guard says drops
+        try:
+            self.membership.evict(peer)
+        except Exception:  # the registry is unreachable: the master hears of it by other ways, or not at all
+            pass
 
     def _replay(self) -> Iterator[tuple[str, Any]]:
         future, self._future = self._future, []

@@ -403,10 +403,29 @@ def test_a_worker_never_cuts_off_its_master_and_takes_a_flooding_member_out_of_t
         assert worker.offender("master") is False
         assert worker.offender("w9") is True and membership.member("w9") is None
         assert worker.offender("stranger") is True
-        assert "w9 is a process of this job that sends malformed messages: taking it out of the job" in \
-            capsys.readouterr().err
+        assert "litz: w0: taking w9 out of the job: it sends malformed messages" in capsys.readouterr().err
     finally:
         worker.close()
+
+
+def test_the_master_takes_a_member_whose_message_it_cannot_handle_out_of_the_job(tmp_path, membership, capsys):
+    """A DONE the master drops loses its tasks' completions, and the job would wait for them forever (it did, when a
+    benchmark's wrapper of Master.on_done broke): the sender is taken out of the job at once, and the master
+    recovers from a checkpoint or ends the job saying there is none. A stranger's message is only dropped."""
+    master = start("master", "unix", tmp_path, membership)
+    try:
+        membership.kv.put(membership.prefix + "members/w9", {"role": "worker", "address": "nowhere"})
+        master.handle_message("stranger", (P.DONE, [(1,)], ()))
+        assert membership.member("w9") is not None and "taking" not in capsys.readouterr().err
+        master.peers_ok.add("w9")  # admitted: a process of this job
+        master.handle_message("w9", (P.DONE, [(1,)], ()))
+        err = capsys.readouterr().err
+        assert "litz: master: dropped a malformed message from w9: done that could not be handled" in err
+        assert "litz: master: taking w9 out of the job: its done could not be handled (BadMessage: DONE " \
+               "with a result that is not a (task id, result) pair" in err, err
+        assert membership.member("w9") is None
+    finally:
+        master.close()
 
 
 def test_shapes_cover_every_tag_and_cost_little():
