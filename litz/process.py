@@ -329,7 +329,8 @@ class Process:
             raise
         except Exception as exc:
             self.endpoint.guard.refuse(sender, f"{msg[0]} that could not be handled", describe(exc))
-            if self.role == "master" and sender in self.peers_ok:
+            # nothing is lost with a HELLO (answered or refused, the process says it again) or STATS (sent again)
+            if self.role == "master" and sender in self.peers_ok and msg[0] not in (P.HELLO, P.STATS):
                 self.take_out(sender, f"its {msg[0]} could not be handled ({describe(exc)})")
 
     def offender(self, peer: str) -> bool:

@@ -424,6 +424,12 @@ def test_the_master_takes_a_member_whose_message_it_cannot_handle_out_of_the_job
         assert "litz: master: taking w9 out of the job: its done could not be handled (BadMessage: DONE " \
                "with a result that is not a (task id, result) pair" in err, err
         assert membership.member("w9") is None
+        membership.kv.put(membership.prefix + "members/w8", {"role": "worker", "address": "nowhere"})
+        master.peers_ok.add("w8")
+        master.handle_message("w8", (P.HELLO, P.VERSION, "worker", {}))  # no address: refused, nothing lost
+        err = capsys.readouterr().err
+        assert "from w8: hello that could not be handled" in err and "taking" not in err, err
+        assert membership.member("w8") is not None
     finally:
         master.close()
 
