@@ -23,6 +23,7 @@ import statistics
 import sys
 import tempfile
 
+import _jobs
 import _table
 
 import litz
@@ -44,10 +45,9 @@ def run_mlr(executors: int, config: dict, **run: object) -> dict:
             reports = [json.loads(line) for line in f if line.strip()]
     ts = [r["t"] for r in reports if "epoch" in r]
     epoch_s = (ts[-1] - ts[0]) / (len(ts) - 1) if len(ts) > 1 else ts[0]
-    kinds = [e["kind"] for e in doc["events"]]
     return {"executors": executors, "epoch_s": epoch_s, "elapsed_s": doc["elapsed_s"],
             "tasks": doc["tasks_completed"], "test_accuracy": doc["result"]["test_accuracy"],
-            "rebalances": kinds.count("rebalance"), "steals": kinds.count("steal"),
+            "rebalances": len(_jobs.events(doc, "rebalance")), "steals": len(_jobs.events(doc, "steal")),
             "epoch_times": [round(b - a, 4) for a, b in zip([0.0] + ts[:-1], ts, strict=True)]}
 
 

@@ -21,6 +21,7 @@ import statistics
 import sys
 import tempfile
 
+import _jobs
 import _table
 import overpartition
 import throughput
@@ -37,8 +38,8 @@ def run_throughput(tasks: int, policy: str) -> dict:
         out = os.path.join(tmp, "out.json")
         r = throughput.run_litz(tasks, 2000, placement=policy, output=out)
         with open(out) as f:
-            kinds = [e["kind"] for e in json.load(f)["events"]]
-    return {**r, "rebalances": kinds.count("rebalance"), "steals": kinds.count("steal")}
+            doc = json.load(f)
+    return {**r, "rebalances": len(_jobs.events(doc, "rebalance")), "steals": len(_jobs.events(doc, "steal"))}
 
 
 def ordered(pair: int) -> tuple[str, ...]:
