@@ -91,15 +91,27 @@ class ParamCache:
         for _, key, delta in items:
             if key in live:
                 version, value = entries[key]
-                if value is None:
-                    value = np.array(delta) if isinstance(delta, np.ndarray) else delta
-                else:
-                    try:
-                        value = add_into(key, value, delta, in_place=False)
-                    except Exception:  # the server refuses it too and the job fails; just stop serving it
-                        live.discard(key)
-                        continue
+                try:
+                    value = plus(key, value, delta)
+                except Exception:  # the server refuses it too and the job fails; just stop serving it
+                    live.discard(key)
+                    continue
                 entries[key] = (version, read_only(value))
+
+    def live_plus(self, key: Hashable, deltas: list) -> Any:
+        """The live entry of ``key`` plus ``deltas`` (this worker's updates in flight for it), computed the way
+        :meth:`write_through` will add them at their acknowledgements; MISS if the entry is not live or a delta
+        does not add (docs/design.md, A3)."""
+        if key not in self._live:
+            return MISS
+        value = self._entries[key][1]
+        try:
+            for delta in deltas:
+                value = plus(key, value, delta)
+        except Exception:
+            return MISS
+        self.live_hits += 1
+        return read_only(value)
 
     def is_live(self, key: Hashable) -> bool:
         return key in self._live
@@ -109,6 +121,14 @@ class ParamCache:
 
     def nbytes(self) -> int:
         return sum(v.nbytes for _, v in self._entries.values() if isinstance(v, np.ndarray))
+
+
+def plus(key: Hashable, value: Any, delta: Any) -> Any:
+    """``value + delta`` into a new object, as a server adds it (``None``: a key never written, which the delta
+    sets)."""
+    if value is None:
+        return np.array(delta) if isinstance(delta, np.ndarray) else delta
+    return add_into(key, value, delta, in_place=False)
 
 
 def check_delta(key: Hashable, delta: Any) -> Any:

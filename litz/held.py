@@ -2,10 +2,13 @@
 been reported done here (docs/design.md, A2-A5; the master's side is :mod:`litz.after`).
 
 A held task waits for its *closure*: task ids the master knows ran, or will run, on this worker. It is released
-when the last of them is reported done (``Worker.send_done``: every server acknowledged the flush with its
-updates), and the keys those flushes wrote become *fresh* for it: it reads them only from live entries or from
-fetches asked after its release (A3). A closure task may have been reported done before the held task arrived;
-this worker remembers what it reported until the master says it has handled those DONE messages (A4).
+when the last of them has been flushed here (``Worker.flush``: its updates sent to the servers, the local
+hand-off, A2), and the keys those flushes wrote become *fresh* for it: while a closure flush is unacknowledged it
+reads them as live entries plus this worker's in-flight deltas, or waits for the acknowledgements; after, only
+from live entries or fetches asked since (A3). The flushes still unacknowledged at its release are its ``early``
+set: its own DONE waits for theirs (A7). A closure task may have been flushed or reported done before the held
+task arrived; this worker remembers what it flushed until it is acknowledged, and what it reported until the
+master says it has handled those DONE messages (A4).
 """
 from __future__ import annotations
 
@@ -23,17 +26,22 @@ class HeldTasks:
         self.recording = False  # on from the first TASKS that carries the master's DONE count
         self.done_seq = 0  # DONE messages sent this epoch (the master counts those it handled)
         self.acked: dict[int, Any] = {}  # task id reported done -> the keys its flush wrote (None: any)
+        self.inflight: dict[int, tuple[Any, int]] = {}  # task id flushed, not yet reported -> (keys written, flush id)
         self.log: deque[tuple[int, list]] = deque()  # (DONE number, its task ids), to forget them in order
         self.waiting: dict[int, list] = {}  # task id not yet done here -> the held tasks that wait for it
         self.held: dict[int, Any] = {}  # held task id -> Task
 
     def arrive(self, task: Any, closure: tuple) -> bool:
         """A task sent ahead has arrived: True if its closure is done already (release it now), else it is held."""
-        task.fresh, task.deps, task.closure = set(), 0, closure
-        acked, waiting = self.acked, self.waiting
+        task.fresh, task.deps, task.closure, task.early = set(), 0, closure, set()
+        acked, inflight, waiting = self.acked, self.inflight, self.waiting
         for tid in closure:
             if tid in acked:
                 add_fresh(task, acked[tid])
+            elif tid in inflight:
+                written, fid = inflight[tid]
+                add_fresh(task, written)
+                task.early.add(fid)
             else:
                 waiting.setdefault(tid, []).append(task)
                 task.deps += 1
@@ -42,15 +50,34 @@ class HeldTasks:
             return False
         return True
 
+    def flushed(self, tids: list, written: Any, fid: int) -> list:
+        """Flush ``fid``, which wrote ``written`` (a list, or None: any), left with ``tids``' updates: the held tasks
+        that now have their whole closure flushed here, to release (A2)."""
+        if not self.recording:
+            return []
+        inflight, waiting, released = self.inflight, self.waiting, []
+        for tid in tids:
+            inflight[tid] = (written, fid)
+            if waiting:
+                for task in waiting.pop(tid, ()):
+                    add_fresh(task, written)
+                    task.early.add(fid)
+                    task.deps -= 1
+                    if task.deps == 0:
+                        del self.held[task.tid]
+                        released.append(task)
+        return released
+
     def sent_done(self, tids: list, written: Any) -> list:
         """A DONE for ``tids`` went to the master, their flush having written ``written`` (a list, or None: any):
         the held tasks that now have their whole closure done, to release."""
         self.done_seq += 1
         if not self.recording:
             return []
-        acked, waiting, released = self.acked, self.waiting, []
+        acked, inflight, waiting, released = self.acked, self.inflight, self.waiting, []
         for tid in tids:
             acked[tid] = written
+            inflight.pop(tid, None)
             if waiting:
                 for task in waiting.pop(tid, ()):
                     add_fresh(task, written)

@@ -44,13 +44,14 @@ MAX_WRITTEN_KEYS = 1024
 
 class Task:
     __slots__ = ("tid", "eid", "version", "args", "glet", "result", "signalled", "values", "missing", "gen",
-                 "retried", "updates", "live_ok", "fresh", "deps", "release_rid", "closure")
+                 "retried", "updates", "live_ok", "fresh", "deps", "release_rid", "closure", "early")
 
     def __init__(self, tid: int, eid: int, version: int, args: Any, gen: int = 0, live_ok: bool = False):
         self.tid, self.eid, self.version, self.args, self.gen = tid, eid, version, args, gen
         self.live_ok = live_ok  # dispatched here by the master, behind its invalidations: live entries serve it
         self.fresh: set | bool | None = None  # sent ahead (after=): keys read only live or fetched anew (A3)
         self.release_rid = 0  # sent ahead: the first fetch id asked after its release
+        self.early: set | None = None  # sent ahead: its closure's flushes not yet reported done at its release (A7)
         self.retried = False
         self.updates: UpdateLog | None = None  # staged until the task succeeds: a failed attempt adds nothing
         self.glet = None
@@ -58,6 +59,25 @@ class Task:
         self.signalled = False
         self.values: list | None = None
         self.missing = 0
+
+
+class Flush:
+    """One update flush in flight: what it sent, what is not yet acknowledged, and what its DONE will carry."""
+
+    __slots__ = ("unacked", "results", "parts", "written", "tasks", "deltas", "map_version", "after")
+
+    def __init__(self, unacked: int, results: list, parts: dict, written: list | None, tasks: list,
+                 deltas: dict | None = None, map_version: int = -1, after: list | tuple = ()):
+        self.unacked = unacked  # items not yet acknowledged
+        self.results = results  # the tasks' results, for the DONE
+        # server -> its items (shard, key, delta) until it acknowledges them; parts sent again after a partial
+        # recovery are keyed (server, their own flush id), and Worker.resent_fids maps that id back to the flush
+        self.parts = parts
+        self.written = written  # the keys written (None: too many to name)
+        self.tasks = tasks
+        self.deltas = deltas if deltas is not None else {}  # key -> delta: what the overlay adds (A3)
+        self.map_version = map_version  # the shard map it was sent under
+        self.after = after  # earlier flushes whose DONE must go first (A7)
 
 
 class SlowHook:
@@ -221,10 +241,7 @@ class Worker(Process):
         self.out_gets: dict[str, list] = defaultdict(list)
         self.completed: list[tuple[int, Any]] = []
         self.completed_tasks: list[Task] = []  # the tasks of ``completed``, in order: named if a result cannot be sent
-        # flush_id -> [items not yet acknowledged, results, {server: its items until it acknowledges them},
-        #             the keys written or None]; parts sent again after a partial recovery are keyed
-        #             (server, their own flush id), and resent_fids maps that id back to the flush
-        self.flushing: dict[int, list] = {}
+        self.flushing: dict[int, Flush] = {}  # flush id -> the flush, until every server acknowledged it
         self.resent_fids: dict[int, int] = {}
         # flush_id -> keys of a flush a moving shard's server forwarded in part: unsettled until the flush
         # completes, they are invalidated at every later acknowledgement of it (docs/design.md, I2)
@@ -253,6 +270,12 @@ class Worker(Process):
         self.cpu_limit = CpuLimit()  # its cgroup's CPU quota, in STATS: placement counts it (litz.cpulimit)
         self.held = HeldTasks()  # tasks sent ahead (after=), waiting for tasks to be reported done here (A2)
         self.deferred_done: list[tuple] = []  # DONEs that released tasks here: sent once the first of those ran
+        # the local hand-off (docs/design.md, A2, A3, A7): tasks released while a flush of their closure is
+        # unacknowledged, those of them waiting for the acknowledgements to read, and acknowledged flushes
+        # whose DONE waits for an earlier flush's: flush id -> (those flushes, results, keys written, tasks)
+        self.early_tasks: set[Task] = set()
+        self.awaiting_acks: set[Task] = set()
+        self.parked: dict[int, tuple] = {}
 
     # -- event loop ----------------------------------------------------------------------------------
     def run(self, start_timeout: float = 600.0) -> None:
@@ -303,7 +326,7 @@ class Worker(Process):
 
     def holds_tasks(self) -> bool:
         """Tasks here not yet reported done: queued, running, waiting for values, or in a flush."""
-        return bool(self.completed or self.flushing or any(self.pending.values()))
+        return bool(self.completed or self.flushing or self.parked or any(self.pending.values()))
 
     def handle(self, sender: str, msg: tuple) -> None:
         tag = msg[0]
@@ -407,6 +430,11 @@ class Worker(Process):
         if eid in self.moving or (eid not in self.executors and eid not in self.residency.spilled):
             self.send("master", (P.HELD_BACK, [task.tid]))
             return
+        if task.early:  # handed off before the closure's flushes were all acknowledged (A2, A3)
+            flushing, parked = self.flushing, self.parked
+            task.early = {fid for fid in task.early if fid in flushing or fid in parked}
+            if any(fid in flushing for fid in task.early):
+                self.early_tasks.add(task)
         self.pending[eid] += 1
         if eid in self.executors:
             self.runnable.appendleft(task)  # first: it is what the chain waits for
@@ -594,7 +622,7 @@ class Worker(Process):
         # Flushes sent under the old map are acknowledged by their old owners, in no order with the answers of
         # the new owners that live entries now come from: none may add into a live entry (docs/design.md, I3).
         for fid, entry in self.flushing.items():
-            self.unsettled.setdefault(fid, []).extend(key for items in entry[2].values() for _, key, _ in items)
+            self.unsettled.setdefault(fid, []).extend(key for items in entry.parts.values() for _, key, _ in items)
         for server in old:
             if server not in servers and server not in self.lost_servers:
                 self.send(server, (P.FENCE, version))  # behind every request we ever sent it
@@ -614,9 +642,9 @@ class Worker(Process):
         nothing, so every outstanding one is asked again, also those a server that has retired since passed
         on to a lost one (docs/design.md, S1); a late first answer wins, the other is ignored."""
         unmatched = [fid for fid, entry in self.flushing.items()
-                     if entry[0] > sum(len(items) for items in entry[2].values())
+                     if entry.unacked > sum(len(items) for items in entry.parts.values())
                      or (live is not None and any((p if isinstance(p, str) else p[0]) not in live | lost
-                                                  for p in entry[2]))]
+                                                  for p in entry.parts))]
         if unmatched:
             self.send("master", (P.RESTORE_FAILED, f"worker {self.ident}: update flushes {unmatched} were partly "
                                                    f"forwarded by a moving shard's server: not sure what was lost"))
@@ -632,7 +660,7 @@ class Worker(Process):
             fetch.server = owners[shard]
             self.out_gets[fetch.server].append((rid, shard, fetch.key))
         for fid, entry in self.flushing.items():
-            by_server = entry[2]
+            by_server = entry.parts
             for part in [p for p in by_server if (p if isinstance(p, str) else p[0]) in lost]:
                 if not isinstance(part, str):
                     del self.resent_fids[part[1]]
@@ -790,6 +818,9 @@ class Worker(Process):
         self.load_queue.clear()
         self.held = HeldTasks()
         self.deferred_done.clear()
+        self.early_tasks.clear()
+        self.awaiting_acks.clear()
+        self.parked.clear()
         budget = self.residency.budget
         self.residency.close()
         self.residency = Residency(self.ident, budget)
@@ -826,7 +857,7 @@ class Worker(Process):
     def can_retire(self) -> bool:
         return (not self.executors and not self.moving and not self.runnable and not self.completed
                 and not self.flushing and not self.residency.spilled and not self.waiting_load and not self._held
-                and not self.held.held and not self.deferred_done)
+                and not self.held.held and not self.deferred_done and not self.parked)
 
     # -- micro-tasks ---------------------------------------------------------------------------------
     def run_slice(self, budget: float = RUN_SLICE_S) -> None:
@@ -909,8 +940,16 @@ class Worker(Process):
         values = [None] * len(keys)
         missing = 0
         lookup, version, live_ok, fresh = self.cache.lookup, task.version, task.live_ok, task.fresh
+        early = None
+        if fresh is not None and task in self.early_tasks:  # its closure's flushes are in flight (A3)
+            early = self.overlays(keys, fresh)
+            if early is None:  # one cannot be read so: wait for the acknowledgements, then read as below
+                self.awaiting_acks.add(task)
+                self.main.switch()
         for i, key in enumerate(keys):
-            if fresh is not None and (fresh is ALL or key in fresh):  # after=: live, or fetched anew (A3)
+            if early and i in early:
+                value = early[i]
+            elif fresh is not None and (fresh is ALL or key in fresh):  # after=: live, or fetched anew (A3)
                 value = lookup(key, FRESH_VERSION, live_ok)
             else:
                 value = lookup(key, version, live_ok)
@@ -924,6 +963,35 @@ class Worker(Process):
             self.main.switch()  # back to the loop until every value has arrived
             task.values = None
         return values
+
+    def overlays(self, keys: list, fresh: set | bool) -> dict[int, Any] | None:
+        """The fresh ones of ``keys`` as live entries plus this worker's in-flight deltas, by index; None if one
+        cannot be read so (docs/design.md, A3)."""
+        out = {}
+        for i, key in enumerate(keys):
+            if fresh is ALL or key in fresh:
+                value = self.overlay(key)
+                if value is MISS:
+                    return None
+                out[i] = value
+        return out
+
+    def overlay(self, key: Hashable) -> Any:
+        """``key``'s live entry plus the deltas of every flush in flight that wrote it and whose part for it is not
+        yet acknowledged (an acknowledged part is in the entry already); MISS where that is not the servers'
+        value once they apply those flushes: no live entry, or a flush sent under another map or unsettled (A3)."""
+        deltas, owner = [], None
+        for fid, entry in self.flushing.items():
+            delta = entry.deltas.get(key)
+            if delta is None:
+                continue
+            if entry.map_version != self.map_version or fid in self.unsettled:
+                return MISS
+            if owner is None:
+                owner = self.shardmap.owners[self.shardmap.shard(key)]
+            if owner in entry.parts:
+                deltas.append(delta)
+        return self.cache.live_plus(key, deltas)
 
     def _want(self, key: Hashable, task: Task, index: int) -> None:
         fetch = self.fetch_by_key.get(key)
@@ -982,8 +1050,11 @@ class Worker(Process):
         results, self.completed = self.completed, []
         tasks, self.completed_tasks = self.completed_tasks, []
         log = self.log.take()
+        after = self.closure_unreported(tasks)
         if not log:
-            self.send_done(results, (), tasks)
+            fid = self.next_fid
+            self.next_fid += 1
+            self.report(fid, results, (), tasks, after)
             return
         by_server: dict[str, list] = defaultdict(list)
         shard_of, owners = self.shardmap.shard, self.shardmap.owners
@@ -1004,8 +1075,16 @@ class Worker(Process):
                           "keys are str, int or tuples of them, deltas numbers or numpy arrays")
                 return
         # the master tells the other workers which keys these tasks wrote (too many: any key)
-        self.flushing[fid] = [len(log), results, by_server, list(log) if len(log) <= MAX_WRITTEN_KEYS else None,
-                              tasks]
+        written = list(log) if len(log) <= MAX_WRITTEN_KEYS else None
+        self.flushing[fid] = Flush(len(log), results, by_server, written, tasks, log, self.map_version, after)
+        if self.held.recording:  # the local hand-off: tasks held for these start now (A2)
+            for task in self.held.flushed([tid for tid, _ in results], written, fid):
+                self.release(task)
+
+    def closure_unreported(self, tasks: list[Task]) -> list[int]:
+        """The flushes of these tasks' closures not yet reported done: theirs go first (A7)."""
+        flushing, parked = self.flushing, self.parked
+        return [fid for task in tasks if task.early for fid in task.early if fid in flushing or fid in parked]
 
     def on_ack(self, server: str, fid: int, applied: int, errors: list, forwarded: bool = False) -> None:
         if errors:
@@ -1017,7 +1096,7 @@ class Worker(Process):
         flushing = self.flushing.get(fid)
         if flushing is None:
             return
-        by_server = flushing[2]
+        by_server = flushing.parts
         sent = by_server.pop(part, None)
         unsettled = self.unsettled.get(fid)
         if sent is not None and applied == len(sent) and not forwarded and unsettled is None:
@@ -1034,14 +1113,42 @@ class Worker(Process):
                                                    for _, key, _ in items]
             self.cache.invalidate(unsettled)
             by_server.clear()
-        flushing[0] -= applied
-        if flushing[0] == 0:
+        flushing.unacked -= applied
+        if flushing.unacked == 0:
             del self.flushing[fid]
             self.unsettled.pop(fid, None)
             if self.resent_fids:
                 for rf in [rf for rf, parent in self.resent_fids.items() if parent == fid]:
                     del self.resent_fids[rf]
-            self.send_done(flushing[1], flushing[3], flushing[4])
+            if self.early_tasks:
+                self.closure_acknowledged()
+            self.report(fid, flushing.results, flushing.written, flushing.tasks, flushing.after)
+
+    def closure_acknowledged(self) -> None:
+        """A flush was acknowledged: tasks handed off early whose closure's flushes now all are read as any
+        released task from here on (A3): only live entries, or fetches asked from now."""
+        flushing = self.flushing
+        for task in [t for t in self.early_tasks if not any(fid in flushing for fid in t.early)]:
+            self.early_tasks.discard(task)
+            task.release_rid = self.next_rid
+            if task in self.awaiting_acks:
+                self.awaiting_acks.discard(task)
+                self.runnable.append(task)
+
+    def report(self, fid: int, results: list, written: Any, tasks: list[Task], after: list[int]) -> None:
+        """Flush ``fid`` is acknowledged (or wrote nothing): its DONE goes, unless a flush of its tasks' closures
+        has not been reported yet; then it is parked until that one is (A7)."""
+        parked = self.parked
+        if after and any(f in self.flushing or f in parked for f in after):
+            parked[fid] = (after, results, written, tasks)
+            return
+        self.send_done(results, written, tasks)
+        while parked:  # what waited for it, in flush order
+            ready = next((pid for pid, waiting in parked.items()
+                          if not any(f in self.flushing or f in parked for f in waiting[0])), None)
+            if ready is None:
+                return
+            self.send_done(*parked.pop(ready)[1:])
 
     def send_done(self, results: list, written: Any, tasks: list[Task]) -> None:
         """Send completed tasks' results to the master, once every server acknowledged their updates. Tasks held

@@ -7,6 +7,7 @@ import pytest
 
 import litz
 from litz.cache import MISS, ParamCache
+from litz.worker import Flush
 from tests.support.handbuilt import bare_server, bare_worker
 from tests.support.processes import app_path
 
@@ -116,8 +117,8 @@ def test_forwarded_ack_with_a_coincident_count_drops_liveness():
     w, _ = _bare_worker()
     w.cache.store("k", 1, 10, w.cache.ticket())
     w.cache.store("j", 1, 20, w.cache.ticket())
-    # a flush in flight: [updates unacknowledged, results, parts by server, keys written, tasks]
-    w.flushing[0] = [2, ["result"], {"s1": [(0, "k", 1)], "s2": [(1, "j", 2)]}, ["k", "j"], []]
+    # a flush in flight: updates unacknowledged, results, parts by server, keys written, tasks
+    w.flushing[0] = Flush(2, ["result"], {"s1": [(0, "k", 1)], "s2": [(1, "j", 2)]}, ["k", "j"], [])
     w.on_ack("s2", 0, 1, [], forwarded=True)
     assert not w.cache.is_live("k") and not w.cache.is_live("j")
     assert w.sent == []  # the flush is not complete yet
@@ -133,7 +134,7 @@ def test_fetch_answered_before_the_forwarded_update_is_not_left_live():
     answer must not stay live, or the next task (dispatched behind the completion) would read it
     (docs/design.md, invariant I2; found by python -m litz.sim, seed 229)."""
     w, Fetch = _bare_worker()
-    w.flushing[0] = [2, ["result"], {"s1": [(0, "k", 1), (1, "j", 1)]}, ["k", "j"], []]
+    w.flushing[0] = Flush(2, ["result"], {"s1": [(0, "k", 1), (1, "j", 1)]}, ["k", "j"], [])
     w.cache.invalidate(None)  # the new shard map arrived
     w.on_ack("s1", 0, 1, [])  # s1 applied "j" and forwarded "k"
     w.fetches[3] = Fetch("k", 5, "s2", w.cache.ticket())
@@ -148,7 +149,7 @@ def test_late_ack_from_the_old_owner_is_not_added_into_the_new_owners_value():
     the worker fetches the key from s0 (live). s1's acknowledgement arrives only then: adding the delta into the
     entry would count it twice (found by python -m litz.sim, seed 13903)."""
     w, Fetch = _worker_on_two_servers()
-    w.flushing[5] = [1, ["result"], {"s1": [(1, "k", 1)]}, ["k"], []]
+    w.flushing[5] = Flush(1, ["result"], {"s1": [(1, "k", 1)]}, ["k"], [])
     w.on_shard_map(4, ["s0", "s0", "s0", "s0"], 2)
     w.fetches[3] = Fetch("k", 5, "s0", w.cache.ticket())
     w.on_values("s0", [(3, 12)])  # s0's value: s1's table, the flush's update included
@@ -160,7 +161,7 @@ def test_late_ack_from_the_old_owner_is_not_added_into_the_new_owners_value():
 def test_direct_acks_write_through_and_forwarded_answers_are_not_live():
     w, Fetch = _bare_worker()
     w.cache.store("k", 1, 10, w.cache.ticket())
-    w.flushing[0] = [1, ["r"], {"s1": [(0, "k", 5)]}, ["k"], []]
+    w.flushing[0] = Flush(1, ["r"], {"s1": [(0, "k", 5)]}, ["k"], [])
     w.on_ack("s1", 0, 1, [])
     assert w.cache.lookup("k", 9, live_ok=True) == 15
     w.fetches[7] = Fetch("m", 3, "s1", w.cache.ticket())
@@ -189,7 +190,7 @@ def test_after_a_partial_recovery_what_lost_servers_never_answered_goes_to_the_n
         key.setdefault(w.shardmap.shard(f"k{i}"), f"k{i}")
     w.fetches[3] = Fetch(key[1], 2, "s1", w.cache.ticket())
     w.fetches[4] = Fetch(key[0], 2, "s0", w.cache.ticket())
-    w.flushing[4] = [3, ["res"], {"s0": [(0, key[0], 1)], "s1": [(1, key[1], 2), (3, key[3], 4)]}, None, []]
+    w.flushing[4] = Flush(3, ["res"], {"s0": [(0, key[0], 1)], "s1": [(1, key[1], 2), (3, key[3], 4)]}, None, [])
     w.servers_lost({"s1"}, (P.SHARDS, 4, ["s0", "s2", "s0", "s0"], 2))
     assert ("disconnect", "s1") in w.sent and w.sent[-1] == ("master", (P.RESTORED,))
     assert dict(w.out_gets) == {"s2": [(3, 1, key[1])], "s0": [(4, 0, key[0])]}
@@ -214,7 +215,7 @@ def test_a_partial_recovery_asks_again_a_get_a_retired_server_passed_on_and_refu
     w.servers_lost({"s1"}, (P.SHARDS, 4, ["s0", "s0", "s0", "s0"], 2), {"s0"})
     assert dict(w.out_gets) == {"s0": [(3, w.shardmap.shard("k"), "k")]}
     w, _ = _worker_on_two_servers()
-    w.flushing[4] = [1, ["res"], {"s3": [(1, "j", 2)]}, None, []]
+    w.flushing[4] = Flush(1, ["res"], {"s3": [(1, "j", 2)]}, None, [])
     w.servers_lost({"s1"}, (P.SHARDS, 4, ["s0", "s0", "s0", "s0"], 2), {"s0"})
     assert w.sent[-1][1][0] == P.RESTORE_FAILED and "forwarded" in w.sent[-1][1][1]
 
@@ -245,7 +246,7 @@ def test_a_resent_flush_part_completes_when_a_moving_shards_server_splits_it():
     from litz import protocol as P
 
     w, _ = _worker_on_two_servers()
-    w.flushing[4] = [2, ["res"], {"s1": [(1, "a", 2), (3, "b", 4)]}, None, []]
+    w.flushing[4] = Flush(2, ["res"], {"s1": [(1, "a", 2), (3, "b", 4)]}, None, [])
     w.servers_lost({"s1"}, (P.SHARDS, 4, ["s0", "s0", "s0", "s0"], 2))
     assert ("s0", (P.UPDATES, 5, [(1, "a", 2), (3, "b", 4)])) in w.sent
     w.on_ack("s0", 5, 1, [])  # s0 applied one item and forwarded the other to s2
@@ -261,7 +262,7 @@ def test_a_worker_refuses_to_resend_a_flush_whose_acknowledgements_it_cannot_mat
 
     w, _ = _bare_worker()
     w.ident = "w0"
-    w.flushing[7] = [5, [], {"s1": [(0, "a", 1), (1, "b", 1)]}, None, []]
+    w.flushing[7] = Flush(5, [], {"s1": [(0, "a", 1), (1, "b", 1)]}, None, [])
     w.servers_lost({"s1"}, (P.SHARDS, 2, ["s0", "s0"], 3))
     assert [(peer, msg[0]) for peer, msg in w.sent] == [("master", P.RESTORE_FAILED)]
 

@@ -1,6 +1,7 @@
-"""Dependent dispatch (``dispatch_task(..., after=)``, docs/design.md A1-A6): tasks sent ahead see their
+"""Dependent dispatch (``dispatch_task(..., after=)``, docs/design.md A1-A7): tasks sent ahead see their
 predecessors' updates, end to end and in simulated schedules with every elastic event, and the simulator catches a
-worker that releases a held task before its predecessors' flushes are acknowledged."""
+worker that releases a held task before its predecessors ran, that hands a task off early without its predecessors'
+in-flight updates or with acknowledged ones twice, or that reports a dependent done before its predecessors."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,7 +9,7 @@ import dataclasses
 import pytest
 
 import litz
-from litz import held
+from litz import held, worker
 from litz.sim import run_schedule
 from litz.sim.schedule import EVENTS, plan
 from tests.support.processes import app_path
@@ -29,7 +30,7 @@ def test_schedules_with_after_keep_the_rule():
 
 @pytest.mark.timeout(240)
 def test_a_planted_early_release_is_caught(monkeypatch):
-    """A worker that starts a held task at once, without waiting for its closure's acknowledgements: the reads
+    """A worker that starts a held task at once, without waiting for its closure to run and flush here: the reads
     of the tasks it released must show missing updates (and their executors' rounds out of order)."""
     def at_once(self, task, closure):
         task.fresh, task.deps, task.closure = held.ALL, 0, closure
@@ -38,6 +39,45 @@ def test_a_planted_early_release_is_caught(monkeypatch):
     monkeypatch.setattr(held.HeldTasks, "arrive", at_once)
     caught = [s for s in SEEDS if run_schedule(s, EVENTS, after_plan(s)).violations]
     assert len(caught) >= 5, caught
+
+
+def caught_with_after() -> list[int]:
+    return [s for s in SEEDS if run_schedule(s, EVENTS, after_plan(s)).violations]
+
+
+@pytest.mark.timeout(240)
+def test_a_planted_hand_off_without_the_deltas_in_flight_is_caught(monkeypatch):
+    """A worker that hands a task off before its closure's acknowledgements (A2) but reads the fresh keys' live
+    entries without its own in-flight deltas (A3): the reads miss the predecessor's updates."""
+    monkeypatch.setattr(worker.Worker, "overlay", lambda self, key: self.cache.live_plus(key, []))
+    caught = caught_with_after()
+    assert len(caught) >= 20, caught
+
+
+@pytest.mark.timeout(240)
+def test_a_planted_hand_off_that_adds_acknowledged_parts_again_is_caught(monkeypatch):
+    """The overlay adding every delta of a flush in flight, also the parts a server already acknowledged (which
+    are in the live entry, written through): a read counts an update twice."""
+    def every_part(self, key):
+        return self.cache.live_plus(key, [f.deltas[key] for f in self.flushing.values() if key in f.deltas])
+
+    monkeypatch.setattr(worker.Worker, "overlay", every_part)
+    assert caught_with_after()
+
+
+@pytest.mark.timeout(240)
+def test_a_planted_dependent_reported_before_its_closure_is_caught(monkeypatch):
+    """A task handed off early reports its DONE as soon as its own flush is acknowledged, perhaps before its
+    closure's (A7): the driver sees rounds complete out of order, or a later dispatch misses the closure's
+    updates."""
+    report = worker.Worker.report
+
+    def at_once(self, fid, results, written, tasks, after):
+        report(self, fid, results, written, tasks, ())
+
+    monkeypatch.setattr(worker.Worker, "report", at_once)
+    caught = caught_with_after()
+    assert len(caught) >= 3, caught
 
 
 @pytest.mark.timeout(240)
@@ -67,6 +107,7 @@ def test_chains_sent_ahead_through_litz_run():
     same = litz.run(app_path("after_chain"), **run, config={"chains": 2, "steps": 80, "ahead": 2, "span": 2})
     assert same["violations"] == [] and same["tasks"] == 160
     assert same["released"] >= 120, same["released"]  # all but the first few (sent before the first after=)
+    assert same["early"] >= 1, same  # handed off before the predecessor's flush was acknowledged (A2, A3)
     cross = litz.run(app_path("after_chain"), **run, config={"chains": 2, "steps": 80, "ahead": 3, "span": 4})
     assert cross["violations"] == [] and cross["tasks"] == 160
     assert cross["released"] < same["released"]

@@ -4,8 +4,9 @@ Chain c runs ``steps`` tasks; step t runs on executor ``c * span + t % span`` (m
 turns) and must read counter ("chain", c) equal to t:
 every earlier step's update visible, although step t was dispatched before step t - 1 completed (``ahead`` steps
 are kept dispatched beyond the one running, each after the one before). Each task also reports whether it was
-released on its worker from a held state (it ran with fresh keys: the path without the master), so a test can see
-the ahead path was taken.
+released on its worker from a held state (it ran with fresh keys: the path without the master), and whether it started
+before its predecessor's flush was acknowledged (handed off early: it read the update from its worker's in-flight
+flush), so a test can see both paths were taken.
 """
 import litz
 
@@ -16,7 +17,8 @@ class AfterChains(litz.Driver):
         self.steps = self.config.get("steps", 60)
         self.ahead = self.config.get("ahead", 2)
         self.span = self.config.get("span", 2)  # executors a chain takes turns on
-        self.violations, self.released, self.sent, self.done = [], 0, [0] * self.chains, [0] * self.chains
+        self.violations, self.released, self.early = [], 0, 0
+        self.sent, self.done = [0] * self.chains, [0] * self.chains
         self.last = [None] * self.chains
         for c in range(self.chains):
             self._send(c)
@@ -29,21 +31,24 @@ class AfterChains(litz.Driver):
             self.sent[c] += 1
 
     def handle_task_completion(self, result):
-        c, t, seen, released = result
+        c, t, seen, released, early = result
         if seen != t:
             self.violations.append([c, t, seen])
         self.released += released
+        self.early += early
         self.done[c] += 1
         self._send(c)
         if all(d == self.steps for d in self.done):
-            self.finish({"violations": self.violations, "released": self.released,
+            self.finish({"violations": self.violations, "released": self.released, "early": self.early,
                          "tasks": self.chains * self.steps})
 
 
 class AfterChainExecutor(litz.Executor):
     def run_task(self, args):
         c, t = args
+        worker = self._litz  # runtime internals: tests only
+        early = int(worker.current in worker.early_tasks)
         seen = self.ps_get(("chain", c))
         self.ps_update(("chain", c), 1)
-        released = int(getattr(self._litz.current, "fresh", None) is not None)  # runtime internals: tests only
-        return c, t, 0 if seen is None else int(seen), released
+        released = int(getattr(worker.current, "fresh", None) is not None)
+        return c, t, 0 if seen is None else int(seen), released, early

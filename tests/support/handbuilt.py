@@ -43,6 +43,7 @@ def bare_worker(ident: str = "w0", spill_root: str | None = None):
     w.cache, w.flushing, w.fetches, w.fetch_by_key, w.runnable = ParamCache(), {}, {}, {}, deque()
     w.resent_fids, w.unsettled = {}, {}
     w.held, w.deferred_done = HeldTasks(), []  # no task sent ahead (after=): DONEs go out at once
+    w.early_tasks, w.awaiting_acks, w.parked = set(), set(), {}
     w.measure = SpeedMeasure(schedstat=False)  # the speed measure DONE carries: no schedstat, nothing held yet
     w.executors, w.lost_servers, w.gen = {}, set(), 0
     w.moving, w.copied, w.moved_to, w.started = {}, {}, {}, defaultdict(int)
