@@ -16,12 +16,16 @@ back on its next task's result. For a round from task A to task B:
 * ``result``: the completion sent -> the master has it (``DONE``);
 * ``dispatch``: the master has A's completion -> B's ``TASKS`` leave it (the driver's handler in between);
 * ``deliver``: B's ``TASKS`` leave the master -> B's worker has them;
-* ``release``: with ``after=`` (B sent ahead, held on its worker): A's acknowledgement (same worker) or its
-  worker's ``RELEASE`` (another worker) -> B may start; replaces ``result``, ``dispatch`` and ``deliver``;
+* ``release``: with ``after=`` (B sent ahead, held on its worker; same worker only, across workers the master
+  holds B and the parts above apply): A's flush sent -> B may start. The worker hands B off as A's flush leaves
+  (docs/design.md, A2), and B reads A's update from the worker's in-flight flush; it replaces ``ack``, which is then
+  off the path (``handed_off``: the share of rounds in which B was released before A's acknowledgement);
 * ``start``: B may start -> its ``run_task`` begins;
 * ``fetch``: ``run_task`` begins -> ``ps_get`` returned A's update (from the cache, or a round trip to the server).
 
-The **round** is the sum: A's end to B holding A's update. **Baseline, in the same run:** the carrier's raw round
+The **round** is the sum: A's end to B holding A's update (its median, and ``round_p10``, the tenth percentile:
+on 2 cores the job's master, server and worker take turns, and the quickest rounds are those no other process
+took the CPU from). **Baseline, in the same run:** the carrier's raw round
 trip, a ping-pong of 200-byte messages between two forked processes over the same kind of socket with nothing
 else: a Unix stream socket (what ``litz run`` uses) and ZeroMQ over ``ipc://`` (``LITZ_TRANSPORT=zmq``).
 Medians over rounds 50..N of each phase, over ``--repeats`` jobs (each twice: dispatch on completion, as before,
@@ -103,7 +107,10 @@ def install_trace() -> types.ModuleType:
     return trace
 
 
-AHEAD = 2  # successors sent ahead: the driver hears of task n - 1 while n runs, so n + 1 must be out already
+# successors sent ahead: enough that the next one is always held on its worker before its predecessor ends (the
+# driver hears of task n - k while n runs; with the hand-off a round on one worker is far shorter than the master's
+# path, and with 2 ahead the chain ran out and waited for deliveries)
+AHEAD = 16
 
 
 def run_chain(rounds: int, ahead: bool, trace: types.ModuleType) -> dict:
@@ -140,7 +147,9 @@ def analyse(result: dict, trace: types.ModuleType) -> dict:
             step = {"flush": a["flush"] - a["end"], "ack": a["ack"] - a["flush"]}
             released = b.get("release")
             if result["ahead"] and released is not None:
-                step["release"] = released - a["ack"]
+                del step["ack"]  # handed off at the flush, or released at the acknowledgement: in ``release``
+                step["release"] = released - a["flush"]
+                step["handed_off"] = float(released < a["ack"])
                 ready = max(released, b.get("deliver", released))
             elif "result" in a and "dispatch" in b and "deliver" in b:
                 step.update(result=a["result"] - a["ack"], dispatch=b["dispatch"] - a["result"],
@@ -151,9 +160,12 @@ def analyse(result: dict, trace: types.ModuleType) -> dict:
             step.update(start=b["start"] - ready, fetch=b["fetched"] - b["start"])
             step["round"] = b["fetched"] - a["end"]
             for part, dt in step.items():
-                parts.setdefault(part, []).append(dt * 1e6)
-        phases[name] = {part: statistics.median(v) for part, v in parts.items()}
+                parts.setdefault(part, []).append(dt if part == "handed_off" else dt * 1e6)
+        phases[name] = {part: (statistics.fmean if part == "handed_off" else statistics.median)(v)
+                        for part, v in parts.items()}
         phases[name]["rounds_measured"] = len(parts.get("round", ()))
+        if parts.get("round"):  # the quick tenth: rounds no other process of the job took the CPU from
+            phases[name]["round_p10"] = statistics.quantiles(parts["round"], n=10)[0]
     return phases
 
 
@@ -270,12 +282,17 @@ def main() -> int:
             s = summary[mode][ph]
             detail = ", ".join(f"{p} {s[p]:.0f}" for p in ("flush", "ack", "result", "dispatch", "deliver",
                                                           "release", "start", "fetch") if p in s)
-            print(f"{mode:10s} {ph:5s}: round {s['round']:.0f} us = {s['vs_raw']:.2f}x raw ({detail})")
+            if "handed_off" in s:
+                detail += f"; handed off early in {s['handed_off']:.0%} of rounds"
+            print(f"{mode:10s} {ph:5s}: round {s['round']:.0f} us = {s['vs_raw']:.2f}x raw, quickest tenth "
+                  f"{s.get('round_p10', float('nan')):.0f} us ({detail})")
     print(f"raw round trip: Unix socket {rtt['unix']:.1f} us, ZeroMQ ipc {rtt['zmq']:.1f} us; -> {path}")
     if not args.quick:
         c = summary["completion"]
         after = summary.get("ahead")
-        litz_cell = (f"same worker {best['same']['round']:.0f} us, across workers {best['cross']['round']:.0f} us"
+        litz_cell = (f"same worker {best['same']['round']:.0f} us (quickest tenth {best['same']['round_p10']:.0f}; "
+                     f"handed off at the flush in {best['same'].get('handed_off', 0):.0%}), across workers "
+                     f"{best['cross']['round']:.0f} us"
                      + (f" (after=); on completion {c['same']['round']:.0f} / {c['cross']['round']:.0f} us"
                         if after else " (dispatch on completion)"))
         _table.update_rows({"round_latency": [

@@ -299,7 +299,7 @@ class Worker(Process):
                 self.run_slice(0.0 if self.deferred_done else RUN_SLICE_S)
             if self.out_gets:
                 self.send_gets()
-            if self.completed and len(self.flushing) < MAX_FLUSHES:
+            if self.completed and (len(self.flushing) < MAX_FLUSHES or self.releases_held()):
                 self.flush()
             if self.deferred_done:  # behind the released task's gets and flush: the chain goes first
                 self.send_deferred_done()
@@ -1080,6 +1080,12 @@ class Worker(Process):
         if self.held.recording:  # the local hand-off: tasks held for these start now (A2)
             for task in self.held.flushed([tid for tid, _ in results], written, fid):
                 self.release(task)
+
+    def releases_held(self) -> bool:
+        """A completed task here is one a held task waits for: its flush goes now, past ``MAX_FLUSHES`` (which
+        aggregates updates for bandwidth), so the hand-off (A2) does not wait for earlier flushes' acknowledgements."""
+        waiting = self.held.waiting
+        return bool(waiting) and any(tid in waiting for tid, _ in self.completed)
 
     def closure_unreported(self, tasks: list[Task]) -> list[int]:
         """The flushes of these tasks' closures not yet reported done: theirs go first (A7)."""
