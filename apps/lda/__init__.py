@@ -21,8 +21,8 @@ or epochs: each executor moves on as soon as its next block is free (a pipeline,
 **Dispatch ahead** (``ahead=1``). Each round above waits for: the predecessor completes, its result reaches
 the master, the driver dispatches, the worker runs. With ``ahead=1`` the driver dispatches task T = (e, r) on
 block b as soon as its two predecessors, P1 = (e, r - 1) and P2 = b's previous holder, have been *dispatched*
-(not completed), with ``dispatch_task(e, args, after=[P1, P2])``: the runtime starts T once their updates are
-acknowledged, on their worker without the master when it can (docs/design.md, "Dependent dispatch"). The
+(not completed), with ``dispatch_task(e, args, after=[P1, P2])``: the runtime starts T once their updates have
+been flushed, on their worker without the master when it can (docs/design.md, "Dependent dispatch"). The
 lookahead is one deep: T also waits until every task before T in the schedule other than P1 and P2 has completed
 (P1's and P2's own predecessors), so an executor has at most two rounds in flight.
 
