@@ -111,3 +111,46 @@ def test_chains_sent_ahead_through_litz_run():
     cross = litz.run(app_path("after_chain"), **run, config={"chains": 2, "steps": 80, "ahead": 3, "span": 4})
     assert cross["violations"] == [] and cross["tasks"] == 160
     assert cross["released"] < same["released"]
+
+
+def _worker_on_one_server():
+    """A bare worker with one shard on s1, under map version 1; the DONEs it sends are recorded without timing."""
+    from litz.keys import ShardMap
+    from tests.support.handbuilt import bare_worker
+
+    w = bare_worker()
+    w.shardmap, w.map_version = ShardMap(1, ["s1"]), 1
+    w.send = lambda peer, msg, pickler=None: w.sent.append((peer, msg[:3] if msg[0] == "done" else msg))
+    return w
+
+
+def test_a_hand_off_reads_the_live_entry_plus_the_deltas_in_flight_once():
+    """A3: while a flush is in flight, a live entry plus its delta; after its acknowledgement the delta is in the
+    entry (written through) and is not added again; a flush sent under another map, or no live entry: refused."""
+    from litz.cache import MISS
+    from litz.worker import Flush
+
+    w = _worker_on_one_server()
+    w.cache.store("k", 1, 10, w.cache.ticket())
+    w.flushing[0] = Flush(1, [], {"s1": [(0, "k", 5)]}, ["k"], [], {"k": 5}, map_version=1)
+    assert w.overlay("k") == 15
+    w.on_ack("s1", 0, 1, [])
+    assert w.overlay("k") == 15
+    w.flushing[1] = Flush(1, [], {"s1": [(0, "k", 2)]}, ["k"], [], {"k": 2}, map_version=0)
+    assert w.overlay("k") is MISS
+    assert w.overlay("never-fetched") is MISS
+
+
+def test_a_dependents_done_waits_for_its_closures_done():
+    """A7: the dependent's flush is acknowledged first (its server answered sooner): its DONE waits, then follows
+    the closure's."""
+    from litz.worker import Flush
+
+    w = _worker_on_one_server()
+    w.flushing[0] = Flush(1, [(1, "closure")], {"s1": [(0, "k", 1)]}, ["k"], [], {"k": 1}, 1)
+    w.flushing[1] = Flush(1, [(2, "dependent")], {"s2": [(0, "j", 1)]}, ["j"], [], {"j": 1}, 1, after=[0])
+    w.on_ack("s2", 1, 1, [])
+    assert w.sent == [] and 1 in w.parked
+    w.on_ack("s1", 0, 1, [])
+    assert [msg[1] for _, msg in w.sent] == [[(1, "closure")], [(2, "dependent")]]
+    assert not w.parked
