@@ -1,4 +1,4 @@
-"""Dependent dispatch, the master's side: ``dispatch_task(e, args, after=tids)`` (docs/design.md, A1-A6).
+"""Dependent dispatch, the master's side: ``dispatch_task(e, args, after=tids)`` (docs/design.md, A1-A7).
 
 A task dispatched after tasks that have not completed goes to its worker at once, with its *closure* (the pending
 tasks it must wait for, transitively), when that worker can settle the wait alone: every closure task was sent

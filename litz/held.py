@@ -1,5 +1,5 @@
 """Dependent dispatch, the worker's side: tasks the master sent ahead, held until the tasks they wait for have
-been reported done here (docs/design.md, A2-A5; the master's side is :mod:`litz.after`).
+been flushed here (docs/design.md, A2-A7; the master's side is :mod:`litz.after`).
 
 A held task waits for its *closure*: task ids the master knows ran, or will run, on this worker. It is released
 when the last of them has been flushed here (``Worker.flush``: its updates sent to the servers, the local

@@ -202,7 +202,7 @@ class Master(Process):
         self.sent_in_flight = 0  # dispatched tasks handed to workers and not completed
         self.paused_tasks: list[tuple] = []  # dispatched while a checkpoint holds dispatch
         self.paused_after: dict[int, tuple] = {}  # task id of a paused task -> the closure it waits for (after=)
-        self.after: Dependencies | None = None  # made at the driver's first after= (docs/design.md, A1-A6)
+        self.after: Dependencies | None = None  # made at the driver's first after= (docs/design.md, A1-A7)
         self.done_seen: dict[str, int] = defaultdict(int)  # worker -> DONE messages handled this epoch (A4)
         self.faults: list[tuple[float, str, int]] = []  # (when, process id, signal) from litzctl kill
         store = CheckpointStore(checkpoint_dir, checkpoint_keep) if checkpoint_dir else None

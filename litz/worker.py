@@ -411,7 +411,7 @@ class Worker(Process):
     def fail(self, where: str, text: str) -> None:
         self.send("master", (P.FAIL, where, text))
 
-    # -- tasks sent ahead (after=; docs/design.md, A2-A5; litz/held.py) ------------------------------------------
+    # -- tasks sent ahead (after=; docs/design.md, A2-A7; litz/held.py) ------------------------------------------
     def take_ahead(self, tasks: list, seen: int, gen: int) -> None:
         """Tasks the master sent ahead with their closures: held until those are reported done here. Then forget
         the tasks the master has seen done (after: a task of this message may name one)."""

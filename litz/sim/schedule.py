@@ -100,7 +100,7 @@ def plan(seed: int, allowed: tuple[str, ...], placement: str | None = None) -> P
     p.partial_recovery = checkpoints and rng.random() < 0.3
     p.staleness = rng.choice([None, None, 0, 1, 2])
     p.placement = rng.choice(["even", "speed"]) if placement is None else placement
-    p.after = p.staleness is None and rng.random() < 0.4  # one schedule in five: docs/design.md, A1-A6
+    p.after = p.staleness is None and rng.random() < 0.4  # one schedule in five: docs/design.md, A1-A7
     p.choose = p.staleness is None and not p.after and rng.random() < 0.5  # O1-O3; not with after=
     return p
 
