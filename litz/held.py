@@ -55,17 +55,10 @@ class HeldTasks:
         that now have their whole closure flushed here, to release (A2)."""
         if not self.recording:
             return []
-        inflight, waiting, released = self.inflight, self.waiting, []
+        released: list = []
         for tid in tids:
-            inflight[tid] = (written, fid)
-            if waiting:
-                for task in waiting.pop(tid, ()):
-                    add_fresh(task, written)
-                    task.early.add(fid)
-                    task.deps -= 1
-                    if task.deps == 0:
-                        del self.held[task.tid]
-                        released.append(task)
+            self.inflight[tid] = (written, fid)
+            self._done_for(tid, written, fid, released)
         return released
 
     def sent_done(self, tids: list, written: Any) -> list:
@@ -74,19 +67,27 @@ class HeldTasks:
         self.done_seq += 1
         if not self.recording:
             return []
-        acked, inflight, waiting, released = self.acked, self.inflight, self.waiting, []
+        released: list = []
         for tid in tids:
-            acked[tid] = written
-            inflight.pop(tid, None)
-            if waiting:
-                for task in waiting.pop(tid, ()):
-                    add_fresh(task, written)
-                    task.deps -= 1
-                    if task.deps == 0:
-                        del self.held[task.tid]
-                        released.append(task)
+            self.acked[tid] = written
+            self.inflight.pop(tid, None)
+            self._done_for(tid, written, None, released)
         self.log.append((self.done_seq, tids))
         return released
+
+    def _done_for(self, tid: int, written: Any, fid: int | None, released: list) -> None:
+        """``tid`` is flushed (in flush ``fid``, still in flight) or reported done (``fid`` None): the held tasks
+        waiting for it count it, and those it was the last for go into ``released``."""
+        if not self.waiting:
+            return
+        for task in self.waiting.pop(tid, ()):
+            add_fresh(task, written)
+            if fid is not None:
+                task.early.add(fid)
+            task.deps -= 1
+            if task.deps == 0:
+                del self.held[task.tid]
+                released.append(task)
 
     def forget(self, seen: int) -> None:
         """The master has handled this worker's first ``seen`` DONE messages: no dispatch will name their tasks."""
