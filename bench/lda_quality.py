@@ -53,6 +53,7 @@ SMALL = {"docs": 250, "vocab": 10_000, "topics": 20, "doc_length": 1080, "epochs
 SMALL_QUICK = {**SMALL, "epochs": 50}
 EXECUTORS = (2, 8)
 TOLERANCE = 0.01
+SEQUENTIAL = "tomotopy_1"  # tomotopy with one thread: the exact, sequential collapsed Gibbs chain
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -69,11 +70,13 @@ def recovery_part(quick: bool, seeds: int, modes: dict[str, int]) -> tuple[dict,
           flush=True)
     names = {f"litz_e{e}" + ("_ahead" if lz == "litz_ahead" else ""): (e, ahead)
              for e in EXECUTORS for lz, ahead in modes.items()}  # litz_e2 (and litz_e2_ahead with --ahead both)
-    runs: dict[str, list[dict]] = {"tomotopy": [], **{name: [] for name in names}}
+    runs: dict[str, list[dict]] = {"tomotopy": [], SEQUENTIAL: [], **{name: [] for name in names}}
     for seed in range(1, seeds + 1):
         for name in runs:
             if name == "tomotopy":
                 r = lvt.run_tomotopy(s, docs, truth, seed, per_sweep=True)
+            elif name == SEQUENTIAL:
+                r = lvt.run_tomotopy(s, docs, truth, seed, per_sweep=True, threads=1)
             else:
                 r = lvt.run_litz(s, names[name][0], seed, per_sweep=True, ahead=names[name][1])
             r["seed"] = seed
@@ -82,12 +85,15 @@ def recovery_part(quick: bool, seeds: int, modes: dict[str, int]) -> tuple[dict,
             print(f"  seed {seed} {name:15s} recovery at sweep 10 {c[min(9, len(c) - 1)]:.3f}, last {c[-1]:.3f}, "
                   f"LL/token {r['ll_per_token']:.4f}", flush=True)
     means = {name: mean_curve(rows) for name, rows in runs.items()}
-    tomo = means["tomotopy"]
-    gaps = {name: min(a - b for a, b in zip(m, tomo, strict=True)) for name, m in means.items() if name != "tomotopy"}
-    met = all(g >= -TOLERANCE for g in gaps.values())
+    tomo, exact = means["tomotopy"], means[SEQUENTIAL]
+    litz_names = [name for name in means if name.startswith("litz")]
+    gaps = {name: min(a - b for a, b in zip(means[name], tomo, strict=True)) for name in litz_names}
+    gaps_exact = {name: min(a - b for a, b in zip(means[name], exact, strict=True)) for name in litz_names}
+    gaps[SEQUENTIAL] = min(a - b for a, b in zip(exact, tomo, strict=True))
+    met = all(gaps[name] >= -TOLERANCE for name in litz_names)
     doc_out = {"config": {**(RECOVERY_QUICK if quick else RECOVERY), "tokens": int(len(doc)), "seeds": seeds,
                           "executors": list(EXECUTORS), "ahead": modes},
-               "mean_curve": means, "worst_gap": gaps, "met": met,
+               "mean_curve": means, "worst_gap": gaps, "worst_gap_to_sequential": gaps_exact, "met": met,
                "median_final": {n: statistics.median(r["curve"][-1] for r in rows) for n, rows in runs.items()},
                "mean_ll_per_token": {n: statistics.mean(r["ll_per_token"] for r in rows) for n, rows in runs.items()},
                "runs": runs}
@@ -99,8 +105,10 @@ def recovery_part(quick: bool, seeds: int, modes: dict[str, int]) -> tuple[dict,
     label = "/".join(str(i + 1) for i in at)
     row = [", ".join(f"{e} executors {pts(means[f'litz_e{e}'])}" for e in EXECUTORS)
            + f" (mean recovery at sweeps {label}, {seeds} seeds)",
-           f"tomotopy (2 threads) {pts(tomo)}",
-           "worst sweep " + ", ".join(f"{gaps[f'litz_e{e}']:+.3f}" for e in EXECUTORS),
+           f"tomotopy (2 threads) {pts(tomo)}; its 1-thread (sequential, exact) sampler {pts(exact)}",
+           "worst sweep " + ", ".join(f"{gaps[f'litz_e{e}']:+.3f}" for e in EXECUTORS)
+           + f" (tomotopy 1 thread {gaps[SEQUENTIAL]:+.3f}; Litz against it: "
+           + ", ".join(f"{gaps_exact[f'litz_e{e}']:+.3f}" for e in EXECUTORS) + ")",
            f">= tomotopy - {TOLERANCE} at every sweep", _table.yes_no(met), _table.today()]
     for e in EXECUTORS:
         if f"litz_e{e}_ahead" in means:
@@ -152,14 +160,14 @@ def small_part(quick: bool, repeats: int, modes: dict[str, int]) -> tuple[dict, 
     doc, word = data.synthetic_corpus(s)
     truth = data.synthetic_topics(s.vocab, s.topics, s.gen_beta, s.seed)
     docs = lvt.docs_as_lists(doc, word, s.docs)
-    runs: dict[str, list[dict]] = {**{name: [] for name in modes}, "tomotopy": []}
+    runs: dict[str, list[dict]] = {**{name: [] for name in modes}, "tomotopy": [], SEQUENTIAL: []}
     with tempfile.TemporaryDirectory(prefix="lda-small-") as tmp:
         path = os.path.join(tmp, "docword.small.txt")
         nnz = write_docword(path, doc, word, s.docs, s.vocab)
         print(f"small: {s.docs} documents, {len(doc)} tokens ({nnz} doc-word entries), vocabulary {s.vocab}, "
               f"K={s.topics}, {s.epochs} sweeps", flush=True)
         small_litz(path, s, 0, os.path.join(tmp, "warm.json"), 0)  # untimed: numba's cache, files in page cache
-        order = [*modes, "tomotopy"]
+        order = [*modes, "tomotopy", SEQUENTIAL]
         for i in range(repeats):
             for system in (order if i % 2 == 0 else order[::-1]):
                 if system in modes:
@@ -169,13 +177,14 @@ def small_part(quick: bool, repeats: int, modes: dict[str, int]) -> tuple[dict, 
                           f"outside {r['outside_sampling_s']:.2f} s; from a shell {r['cli_s']:.2f} s)  "
                           f"LL/token {r['ll_per_token']:.4f}", flush=True)
                 else:
-                    r = lvt.run_tomotopy(s, docs, truth, i + 1)
-                    print(f"  tomotopy  train {r['train_s']:.2f} s  LL/token {r['ll_per_token']:.4f}", flush=True)
+                    r = lvt.run_tomotopy(s, docs, truth, i + 1, threads=1 if system == SEQUENTIAL else lvt.THREADS)
+                    print(f"  {system:10s} train {r['train_s']:.2f} s  LL/token {r['ll_per_token']:.4f}", flush=True)
                 runs[system].append(r)
     lz = statistics.median(r["end_to_end_s"] for r in runs["litz"])
     tm = statistics.median(r["train_s"] for r in runs["tomotopy"])
     ll_lz = statistics.median(r["ll_per_token"] for r in runs["litz"])
     ll_tm = statistics.median(r["ll_per_token"] for r in runs["tomotopy"])
+    ll_seq = statistics.median(r["ll_per_token"] for r in runs[SEQUENTIAL])
     ratio = lz / tm
     met = ratio <= 1.5 and ll_lz >= ll_tm - TOLERANCE
     split = {k: statistics.median(r[k] for r in runs["litz"]) for k in ("sampling_s", "outside_sampling_s",
@@ -184,7 +193,7 @@ def small_part(quick: bool, repeats: int, modes: dict[str, int]) -> tuple[dict, 
                           "executors": 2, "threads": lvt.THREADS, "corpus": "generated (synthetic, UCI file)",
                           "ahead": modes},
                "litz_end_to_end_s": lz, "tomotopy_train_s": tm, "ratio": ratio, "litz_split_s": split,
-               "ll_per_token": {"litz": ll_lz, "tomotopy": ll_tm}, "met": met, "runs": runs}
+               "ll_per_token": {"litz": ll_lz, "tomotopy": ll_tm, SEQUENTIAL: ll_seq}, "met": met, "runs": runs}
     if "litz_ahead" in runs:
         paired = [a["end_to_end_s"] / b["end_to_end_s"] for a, b in zip(runs["litz_ahead"], runs["litz"], strict=True)]
         la = statistics.median(r["end_to_end_s"] for r in runs["litz_ahead"])
@@ -196,7 +205,8 @@ def small_part(quick: bool, repeats: int, modes: dict[str, int]) -> tuple[dict, 
     row = [f"litz.run {lz:.2f} s end to end (sampling {split['sampling_s']:.2f} s, start-up and end "
            f"{split['outside_sampling_s']:.2f} s; `litz run` from a shell {split['cli_s']:.2f} s), "
            f"LL/token {ll_lz:.3f}",
-           f"tomotopy (2 threads) train {tm:.2f} s, LL/token {ll_tm:.3f}", f"{ratio:.2f}x",
+           f"tomotopy (2 threads) train {tm:.2f} s, LL/token {ll_tm:.3f} (1 thread, sequential: {ll_seq:.3f})",
+           f"{ratio:.2f}x",
            "<= 1.5x, LL no worse", _table.yes_no(met), _table.today()]
     return doc_out, {f"lda_quality small corpus (270k tokens, {s.epochs} sweeps)": row}
 

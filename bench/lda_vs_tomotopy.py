@@ -116,9 +116,11 @@ def docs_as_lists(doc: np.ndarray, word: np.ndarray, num_docs: int) -> list[np.n
     return [w[bounds[d]:bounds[d + 1]] for d in range(num_docs)]
 
 
-def run_tomotopy(s: Settings, docs: list[np.ndarray], truth: np.ndarray, seed: int, per_sweep: bool = False) -> dict:
+def run_tomotopy(s: Settings, docs: list[np.ndarray], truth: np.ndarray, seed: int, per_sweep: bool = False,
+                 threads: int = THREADS) -> dict:
     """tomotopy on the same corpus; ``per_sweep``: topic recovery after every sweep too (``curve``, from its
-    topic-word counts in a training callback, which leaves the chain as it is: the same final topics)."""
+    topic-word counts in a training callback, which leaves the chain as it is: the same final topics); ``threads``:
+    1 runs its sequential sampler (the exact collapsed Gibbs chain), more its partitioned parallel one."""
     import tomotopy as tp
 
     t0, c0 = time.time(), time.process_time()
@@ -126,7 +128,7 @@ def run_tomotopy(s: Settings, docs: list[np.ndarray], truth: np.ndarray, seed: i
     for d in docs:
         m.add_doc([str(x) for x in d.tolist()])
     m.optim_interval = 0
-    m.train(0, workers=THREADS)
+    m.train(0, workers=threads)
     used = np.array([int(x) for x in m.used_vocabs])
     curve: list[float] = []
 
@@ -139,7 +141,7 @@ def run_tomotopy(s: Settings, docs: list[np.ndarray], truth: np.ndarray, seed: i
 
     extra = {"callback_interval": 1, "callback": sweep_done} if per_sweep else {}
     t1, c1 = time.time(), time.process_time()
-    m.train(s.epochs, workers=THREADS, **extra)
+    m.train(s.epochs, workers=threads, **extra)
     train_s, cpu = time.time() - t1, time.process_time() - c1
     elapsed = time.time() - t0
     ndk = np.zeros((len(docs), s.topics))
@@ -151,9 +153,9 @@ def run_tomotopy(s: Settings, docs: list[np.ndarray], truth: np.ndarray, seed: i
     tokens = int(ndk.sum())
     return {"system": "tomotopy", "train_s": train_s, "elapsed_s": elapsed, "cpu_s_total": cpu + (c1 - c0),
             "train_cpu_s": cpu, "tokens": tokens, "tokens_per_s": tokens * s.epochs / train_s,
-            "tokens_per_s_per_core": tokens * s.epochs / train_s / THREADS,
+            "tokens_per_s_per_core": tokens * s.epochs / train_s / threads,
             "ll_per_token": joint_ll(ndk, nwk, s.alpha, s.beta) / tokens, "own_ll_per_word": m.ll_per_word,
-            "topic_recovery": topic_recovery(nwk, truth), "threads": THREADS,
+            "topic_recovery": topic_recovery(nwk, truth), "threads": threads,
             "version": getattr(tp, "__version__", "?"), "isa": getattr(tp, "isa", "?"),
             **({"curve": curve} if per_sweep else {})}
 
