@@ -129,6 +129,34 @@ def test_blocks_balance_and_layout() -> None:
     np.testing.assert_array_equal(got, want)
 
 
+def test_words_that_do_not_occur_have_no_rows() -> None:
+    """A vocabulary word absent from the corpus gets no block row (its counts could only stay 0); the others are
+    placed as if it were not there."""
+    freq = np.array([5.0, 0.0, 3.0, 0.0, 1.0, 2.0])
+    blocks = data.vocab_blocks(freq, 2)
+    assert blocks.word_block[1] == blocks.word_block[3] == -1 and blocks.word_local[[1, 3]].tolist() == [-1, -1]
+    assert blocks.sizes.sum() == 4
+    assert sorted(np.concatenate([blocks.words_of(b) for b in range(2)]).tolist()) == [0, 2, 4, 5]
+    dense = data.vocab_blocks(freq[[0, 2, 4, 5]], 2)  # the same words with the absent ones left out
+    np.testing.assert_array_equal(blocks.word_block[[0, 2, 4, 5]], dense.word_block)
+    np.testing.assert_array_equal(blocks.word_local[[0, 2, 4, 5]], dense.word_local)
+
+
+def test_documents_are_visited_in_a_seeded_random_order() -> None:
+    """A task's visit order is a permutation of its runs, drawn from its seed: the same seed gives the same
+    order, the first run is uniform over the seeds, and the random stream moves on."""
+    first = np.zeros(5, int)
+    for seed in range(1, 2001):
+        order, x = kernels.visit_order(10, 15, np.uint64(kernels.task_seed(0, 0, seed)))
+        assert sorted(order.tolist()) == list(range(10, 15))
+        first[order[0] - 10] += 1
+    assert first.min() > 330 and first.max() < 470  # 400 each; 3.5 standard deviations
+    a, xa = kernels.visit_order(0, 50, np.uint64(7))
+    b, xb = kernels.visit_order(0, 50, np.uint64(7))
+    c, _ = kernels.visit_order(0, 50, np.uint64(8))
+    assert a.tolist() == b.tolist() != c.tolist() and xa == xb != np.uint64(7)
+
+
 def test_doc_ranges_balance_tokens() -> None:
     lengths = np.random.default_rng(1).integers(1, 500, 1000)
     bounds = data.doc_ranges(lengths, 8)
