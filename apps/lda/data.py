@@ -321,8 +321,8 @@ def doc_ranges(lengths: np.ndarray, parts: int) -> np.ndarray:
 class Blocks:
     """The vocabulary split into blocks of about equal token frequency."""
 
-    word_block: np.ndarray  # int32 [V]: block of each word
-    word_local: np.ndarray  # int32 [V]: row of each word in its block's word-topic matrix
+    word_block: np.ndarray  # int32 [V]: block of each word (-1: a word that does not occur, no row)
+    word_local: np.ndarray  # int32 [V]: row of each word in its block's word-topic matrix (-1: none)
     sizes: np.ndarray  # int64 [B]: words per block
 
     @property
@@ -347,13 +347,18 @@ def vocab_blocks(freq: np.ndarray, num_blocks: int) -> Blocks:
     frequent words go, largest first, to the currently lightest block (LPT, a heap); the rest, each smaller
     than any of those, are dealt in serpentine order (0..B-1, B-1..0, ...) starting with the lightest block.
     The blocks then differ by about one small word unless a single word outweighs a block. Rows of a block
-    are its words in order of decreasing frequency."""
+    are its words in order of decreasing frequency. A word that never occurs (frequency 0: in the vocabulary,
+    not in the corpus) has no row, block -1: its counts stay 0 whatever the chain does, and its row would only
+    be moved, copied and summed with every read of its block (38% of the rows of ``bench/lda_quality.py``'s
+    small corpus). Its prior mass stays in the sampler's ``V beta``: ``V`` is the vocabulary's size."""
     import heapq
 
     freq = np.asarray(freq, dtype=np.float64)
-    V, B = len(freq), num_blocks
+    B = num_blocks
     order = np.argsort(-freq, kind="stable")
-    word_block = np.empty(V, np.int32)
+    order = order[freq[order] > 0]  # the words that occur, most frequent first
+    V = len(order)
+    word_block = np.full(len(freq), -1, np.int32)
     heap = [(0.0, b) for b in range(B)]
     head = order[:LPT_HEAD]
     for w, f in zip(head.tolist(), freq[head].tolist(), strict=True):
@@ -365,11 +370,11 @@ def vocab_blocks(freq: np.ndarray, num_blocks: int) -> Blocks:
     word_block[order[len(head):]] = lightest_first[np.where(rnd % 2 == 0, off, B - 1 - off)]
     blk = word_block[order]  # block of each word, in order of decreasing frequency
     by_block = np.argsort(blk, kind="stable")
-    sizes = np.bincount(word_block, minlength=B).astype(np.int64)
+    sizes = np.bincount(blk, minlength=B).astype(np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     local = np.empty(V, np.int64)
     local[by_block] = np.arange(V) - starts[blk[by_block]]
-    word_local = np.empty(V, np.int32)
+    word_local = np.full(len(freq), -1, np.int32)
     word_local[order] = local
     return Blocks(word_block, word_local, sizes)
 
@@ -448,7 +453,7 @@ def partition(s: Settings, executor: int, num_executors: int) -> Partition:
     corpus = read_docword(s.corpus)
     V = corpus.num_words
     freq = np.bincount(corpus.word, weights=corpus.count, minlength=V)
-    blocks = vocab_blocks(freq, s.num_blocks(num_executors, V))
+    blocks = vocab_blocks(freq, s.num_blocks(num_executors, int(np.count_nonzero(freq))))
     lengths = np.bincount(corpus.doc, weights=corpus.count, minlength=corpus.num_docs).astype(np.int64)
     bounds = doc_ranges(lengths, num_executors)
     lo, hi = int(bounds[executor]), int(bounds[executor + 1])
