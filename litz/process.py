@@ -70,6 +70,28 @@ def tune_malloc() -> None:
         pass
 
 
+def batch_scheduling() -> bool:
+    """Put the calling thread (a worker's main thread, before it starts others) under Linux's ``SCHED_BATCH``;
+    False where there is no such policy or it is refused. ``LITZ_WORKER_BATCH=0`` leaves it as it is.
+
+    Why: a Unix socket wakes its reader with a *sync* wakeup, which queues the reader on the writer's core and
+    lets it preempt the writer there, on the assumption that the writer is about to sleep. A server answering
+    two workers' reads in a row, or a master dispatching two tasks, is not: the first worker woken took the
+    core for its whole task while the second one's answer waited in a preempted process, and the other core
+    idled (LDA's 270k-token corpus, 2 workers: the second read of a round took a median 0.9 ms, the first
+    0.3 ms). A ``SCHED_BATCH`` thread never preempts on wakeup: it runs when a core is free. Workers are the
+    job's computation, so nothing waits on their wake-up latency as it does on the server's and the master's:
+    that corpus samples 17% faster (4 pairs: 1.21-1.37 s against 1.47-1.59 s), 2 and 32 executors on 3.6M
+    tokens 1-4% faster, no-op task throughput is unchanged. Its CPU share (nice) is unchanged too."""
+    if os.environ.get("LITZ_WORKER_BATCH", "1") == "0" or not hasattr(os, "SCHED_BATCH"):
+        return False
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except OSError:
+        return False
+    return True
+
+
 def die_with_parent(sig: int = signal.SIGTERM) -> None:
     """Local children end when their launcher ends, even if it is killed (Linux PR_SET_PDEATHSIG)."""
     try:

@@ -10,7 +10,7 @@ from .appoutput import send_prints_to_stderr
 from .endpoint import listen_address
 from .errors import LitzError
 from .membership import Membership, connect_kv
-from .process import die_with_parent, tune_malloc
+from .process import batch_scheduling, die_with_parent, tune_malloc
 
 
 def job_secret(membership: Membership, secret_file: str | None = None, wait_s: float = 10.0) -> str:
@@ -57,6 +57,8 @@ def serve(role: str, name: str, *, etcd: Any = None, home: str | None = None,
     from .worker import Worker
 
     tune_malloc()
+    if role == "worker":  # before any thread starts: threads take their creator's policy
+        batch_scheduling()
     membership = Membership(connect_kv(etcd, home), name)
     master = membership.wait_master(start_timeout)
     secret = job_secret(membership, secret_file)

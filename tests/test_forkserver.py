@@ -50,6 +50,21 @@ def test_children_are_forks_of_one_fork_server_named_for_their_role():
 
 
 @pytest.mark.parametrize("spawn", ["fork", "exec"])
+def test_workers_run_their_tasks_under_sched_batch(monkeypatch, spawn):
+    """A woken worker must not preempt the server or master that woke it (litz.process.batch_scheduling): the
+    thread that runs the tasks is SCHED_BATCH, forked or exec'd; LITZ_WORKER_BATCH=0 leaves it as it was."""
+    monkeypatch.setenv("LITZ_SPAWN", spawn)
+    launcher = os.sched_getscheduler(0)
+    assert launcher != os.SCHED_BATCH
+    facts = litz.run(app_path("whoami"), workers=2, servers=1, executors=2)
+    assert len({f["pid"] for f in facts}) == 2 and {f["sched_policy"] for f in facts} == {os.SCHED_BATCH}
+    assert os.sched_getscheduler(0) == launcher, "the launcher keeps its own policy"
+    monkeypatch.setenv("LITZ_WORKER_BATCH", "0")
+    facts = litz.run(app_path("whoami"), workers=1, servers=1, executors=1)
+    assert {f["sched_policy"] for f in facts} == {launcher}
+
+
+@pytest.mark.parametrize("spawn", ["fork", "exec"])
 def test_children_do_not_hold_the_launchers_files_and_sockets(tmp_path, monkeypatch, spawn):
     """A launcher's open file and listening socket stay its own: a worker holding them would keep the port
     bound (or a lock held, a pipe open) for as long as the job runs."""

@@ -41,7 +41,7 @@ class WhoAmIExecutor(litz.Executor):
         return {"pid": os.getpid(), "ppid": os.getppid(), "grandparent": grandparent, "cmdline": cmdline,
                 "blas_threads": blas_threads(), "secret_set": bool(os.environ.get("LITZ_SECRET")),
                 "global_random": int(np.random.randint(2**62)), "open_files": open_files(), "cwd": os.getcwd(),
-                "marker": os.environ.get("WHOAMI_MARKER"),
+                "marker": os.environ.get("WHOAMI_MARKER"), "sched_policy": os.sched_getscheduler(0),
                 # the class the launcher loaded (a fork), not a copy unpickled from the app's blob
                 "launcher_class": type(self) is getattr(sys.modules.get(type(self).__module__), type(self).__name__,
                                                         None)}
