@@ -143,17 +143,22 @@ def test_words_that_do_not_occur_have_no_rows() -> None:
 
 
 def test_documents_are_visited_in_a_seeded_random_order() -> None:
-    """A task's visit order is a permutation of its runs, drawn from its seed: the same seed gives the same
-    order, the first run is uniform over the seeds, and the random stream moves on."""
+    """A task's visit order is a permutation of its runs, drawn from its seed, by chunks of consecutive runs: the
+    same seed gives the same order, the first chunk is uniform over the seeds, and the random stream moves on."""
+    C = kernels.VISIT_CHUNK
+    r0, r1 = 10, 10 + 4 * C + 3  # four whole chunks and a short last one
     first = np.zeros(5, int)
     for seed in range(1, 2001):
-        order, x = kernels.visit_order(10, 15, np.uint64(kernels.task_seed(0, 0, seed)))
-        assert sorted(order.tolist()) == list(range(10, 15))
-        first[order[0] - 10] += 1
+        order, x = kernels.visit_order(r0, r1, np.uint64(kernels.task_seed(0, 0, seed)))
+        assert sorted(order.tolist()) == list(range(r0, r1))
+        starts = [i for i in range(len(order)) if (order[i] - r0) % C == 0]
+        for a, b in zip(starts, starts[1:] + [len(order)], strict=True):  # each chunk's runs in layout order
+            assert order[a:b].tolist() == list(range(order[a], order[a] + b - a))
+        first[(order[0] - r0) // C] += 1
     assert first.min() > 330 and first.max() < 470  # 400 each; 3.5 standard deviations
-    a, xa = kernels.visit_order(0, 50, np.uint64(7))
-    b, xb = kernels.visit_order(0, 50, np.uint64(7))
-    c, _ = kernels.visit_order(0, 50, np.uint64(8))
+    a, xa = kernels.visit_order(0, 50 * C, np.uint64(7))
+    b, xb = kernels.visit_order(0, 50 * C, np.uint64(7))
+    c, _ = kernels.visit_order(0, 50 * C, np.uint64(8))
     assert a.tolist() == b.tolist() != c.tolist() and xa == xb != np.uint64(7)
 
 
