@@ -90,6 +90,15 @@ def _doc_bucket(ndk, d, inv, beta):  # pragma: no cover
     return r * beta
 
 
+@numba.njit(nogil=True, cache=True, inline="always")
+def _draw(x):  # pragma: no cover
+    """One step of the xorshift64* stream: the next state and a uniform double in [0, 1) from it."""
+    x ^= x >> _U12
+    x ^= x << _U25
+    x ^= x >> _U27
+    return x, ((x * _MUL) >> _U11) * _TO_UNIT
+
+
 @numba.njit(nogil=True, cache=True)
 def visit_order(r0, r1, x):  # pragma: no cover
     """Runs ``r0..r1-1`` (a task's document visits) in a random order drawn from the xorshift64* state ``x``,
@@ -99,10 +108,8 @@ def visit_order(r0, r1, x):  # pragma: no cover
     chunks = (n + VISIT_CHUNK - 1) // VISIT_CHUNK
     perm = np.arange(chunks)
     for i in range(chunks - 1, 0, -1):
-        x ^= x >> _U12
-        x ^= x << _U25
-        x ^= x >> _U27
-        j = int(((x * _MUL) >> _U11) * _TO_UNIT * (i + 1))
+        x, u = _draw(x)
+        j = int(u * (i + 1))
         perm[i], perm[j] = perm[j], perm[i]
     order = np.empty(n, np.int64)
     k = 0
@@ -197,11 +204,9 @@ def sample_block(word, z, run_doc, run_ptr, r0, r1, ndk, wt, nk, doc_len, alpha,
                 known = True
             new = -1
             while new < 0:  # once, or twice after a rejection
-                x ^= x >> _U12
-                x ^= x << _U25
-                x ^= x >> _U27
+                x, u = _draw(x)
                 rb = r if known else beta * nd1 / floor  # the document bucket's mass, or a bound on it
-                u = ((x * _MUL) >> _U11) * _TO_UNIT * (q + rb + s)
+                u *= q + rb + s
                 if u < q:
                     if dense:
                         # No branch on which topics are zero: that pattern is the word's, and with thousands of
