@@ -57,6 +57,7 @@ SMALL_QUICK = {**SMALL, "epochs": 50}
 EXECUTORS = (2, 8)
 TOLERANCE = 0.01
 SEQUENTIAL = "tomotopy_1"  # tomotopy with one thread: the exact, sequential collapsed Gibbs chain
+TOMOTOPY = {"tomotopy": lvt.THREADS, SEQUENTIAL: 1}  # tomotopy's runs by name, and their threads
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -73,13 +74,11 @@ def recovery_part(quick: bool, seeds: int, modes: dict[str, int]) -> tuple[dict,
           flush=True)
     names = {f"litz_e{e}" + ("_ahead" if lz == "litz_ahead" else ""): (e, ahead)
              for e in EXECUTORS for lz, ahead in modes.items()}  # litz_e2 (and litz_e2_ahead with --ahead both)
-    runs: dict[str, list[dict]] = {"tomotopy": [], SEQUENTIAL: [], **{name: [] for name in names}}
+    runs: dict[str, list[dict]] = {**{name: [] for name in TOMOTOPY}, **{name: [] for name in names}}
     for seed in range(1, seeds + 1):
         for name in runs:
-            if name == "tomotopy":
-                r = lvt.run_tomotopy(s, docs, truth, seed, per_sweep=True)
-            elif name == SEQUENTIAL:
-                r = lvt.run_tomotopy(s, docs, truth, seed, per_sweep=True, threads=1)
+            if name in TOMOTOPY:
+                r = lvt.run_tomotopy(s, docs, truth, seed, per_sweep=True, threads=TOMOTOPY[name])
             else:
                 r = lvt.run_litz(s, names[name][0], seed, per_sweep=True, ahead=names[name][1])
             r["seed"] = seed
@@ -163,14 +162,14 @@ def small_part(quick: bool, repeats: int, modes: dict[str, int], ll_seeds: int) 
     doc, word = data.synthetic_corpus(s)
     truth = data.synthetic_topics(s.vocab, s.topics, s.gen_beta, s.seed)
     docs = lvt.docs_as_lists(doc, word, s.docs)
-    runs: dict[str, list[dict]] = {**{name: [] for name in modes}, "tomotopy": [], SEQUENTIAL: []}
+    runs: dict[str, list[dict]] = {name: [] for name in (*modes, *TOMOTOPY)}
     with tempfile.TemporaryDirectory(prefix="lda-small-") as tmp:
         path = os.path.join(tmp, "docword.small.txt")
         nnz = write_docword(path, doc, word, s.docs, s.vocab)
         print(f"small: {s.docs} documents, {len(doc)} tokens ({nnz} doc-word entries), vocabulary {s.vocab}, "
               f"K={s.topics}, {s.epochs} sweeps", flush=True)
         small_litz(path, s, 0, os.path.join(tmp, "warm.json"), 0)  # untimed: numba's cache, files in page cache
-        order = [*modes, "tomotopy", SEQUENTIAL]
+        order = [*modes, *TOMOTOPY]
         for i in range(repeats):
             for system in (order if i % 2 == 0 else order[::-1]):
                 if system in modes:
@@ -180,7 +179,7 @@ def small_part(quick: bool, repeats: int, modes: dict[str, int], ll_seeds: int) 
                           f"outside {r['outside_sampling_s']:.2f} s; from a shell {r['cli_s']:.2f} s)  "
                           f"LL/token {r['ll_per_token']:.4f}", flush=True)
                 else:
-                    r = lvt.run_tomotopy(s, docs, truth, i + 1, threads=1 if system == SEQUENTIAL else lvt.THREADS)
+                    r = lvt.run_tomotopy(s, docs, truth, i + 1, threads=TOMOTOPY[system])
                     print(f"  {system:10s} train {r['train_s']:.2f} s  LL/token {r['ll_per_token']:.4f}", flush=True)
                 runs[system].append(r)
         # the log-likelihood over more chains than the timed rounds: chains of either side spread over about
