@@ -32,6 +32,9 @@ from .outofcore import Residency
 from .process import Process
 
 RUN_SLICE_S = 0.02  # longest stretch of task execution between two looks at the network
+# while a handed-off task heads the queue, the socket is read at most this often (docs/design.md, A8): a chain of
+# handoffs is not interrupted by each acknowledgement and dispatch, which come in batches instead
+CHAIN_READ_GAP_S = 0.0005
 # Update-log flushes awaiting acknowledgement at once. With one, the next flush waits a whole round trip
 # (encrypt, send, decrypt, add, ack) and the worker's CPU and the link take turns; with two, one
 # flush's payload is on the way while the next one is built, and updates still aggregate meanwhile.
@@ -261,6 +264,7 @@ class Worker(Process):
         self.residency = Residency(self.ident)
         self.baseline_rss = process.resident_bytes()
         self._next_enforce = 0.0
+        self._next_read = 0.0  # perf_counter before which a chain of handoffs skips reading the socket (A8)
         self._spill_retry_at = 0.0  # after a failed eviction (disk full, not writable): when to try again
         self.next_rid = 0
         self.next_fid = 0
@@ -287,7 +291,10 @@ class Worker(Process):
             idle = not self.runnable and not self.holds_tasks()
             if idle:  # busy until now; the wait below is not
                 self.measure.wait_begins()
-            got = self.wait_for_messages(0 if self.runnable else 100)
+            got = False
+            if self.reads_now():
+                got = self.wait_for_messages(0 if self.runnable else 100)
+                self._next_read = clock.perf_counter() + CHAIN_READ_GAP_S
             if idle:
                 self.measure.wait_ends()
             if got:
@@ -323,6 +330,12 @@ class Worker(Process):
                 if not self.job_goes_on():
                     return
                 self.send("master", (P.STATS, self.stats()))
+
+    def reads_now(self) -> bool:
+        """Whether the loop reads the socket now: always, unless a task handed off here (sent ahead with
+        ``after=``, released) is next to run and the last read was less than ``CHAIN_READ_GAP_S`` ago (A8)."""
+        runnable = self.runnable
+        return not runnable or runnable[0].fresh is None or clock.perf_counter() >= self._next_read
 
     def holds_tasks(self) -> bool:
         """Tasks here not yet reported done: queued, running, waiting for values, or in a flush."""

@@ -154,3 +154,28 @@ def test_a_dependents_done_waits_for_its_closures_done():
     w.on_ack("s1", 0, 1, [])
     assert [msg[1] for _, msg in w.sent] == [[(1, "closure")], [(2, "dependent")]]
     assert not w.parked
+
+
+def test_a_chain_of_handoffs_skips_reading_the_socket_for_at_most_the_gap(monkeypatch):
+    """A8: with a released task next to run, the worker reads its socket at most every CHAIN_READ_GAP_S; with any
+    other task next, or none, it reads at once."""
+    from litz import clock
+    from litz.worker import CHAIN_READ_GAP_S, Task
+
+    now = [100.0]
+    monkeypatch.setattr(clock, "perf_counter", lambda: now[0])
+    w = _worker_on_one_server()
+    w._next_read = now[0] + CHAIN_READ_GAP_S  # read just now
+    assert w.reads_now()  # nothing to run
+    dispatched = Task(1, 0, 0, None)
+    w.runnable.append(dispatched)
+    assert w.reads_now()  # the master's dispatch is no chain
+    released = Task(2, 0, 0, None)
+    released.fresh = set()
+    w.runnable.appendleft(released)
+    assert not w.reads_now()
+    now[0] += CHAIN_READ_GAP_S
+    assert w.reads_now()  # the bound: a long chain does not hold messages back
+    now[0] -= CHAIN_READ_GAP_S / 2
+    w.runnable.popleft()
+    assert w.reads_now()
