@@ -62,9 +62,8 @@ class HeldTasks:
         return released
 
     def sent_done(self, tids: list, written: Any) -> list:
-        """A DONE for ``tids`` went to the master, their flush having written ``written`` (a list, or None: any):
-        the held tasks that now have their whole closure done, to release."""
-        self.done_seq += 1
+        """``tids`` are reported done (queued for the master's next DONE), their flush having written ``written``
+        (a list, or None: any): the held tasks that now have their whole closure done, to release."""
         if not self.recording:
             return []
         released: list = []
@@ -72,8 +71,13 @@ class HeldTasks:
             self.acked[tid] = written
             self.inflight.pop(tid, None)
             self._done_for(tid, written, None, released)
-        self.log.append((self.done_seq, tids))
         return released
+
+    def numbered(self, results: list) -> None:
+        """A DONE message with ``results`` ((task id, result) pairs) left: the master counts messages (A4)."""
+        self.done_seq += 1
+        if self.recording:
+            self.log.append((self.done_seq, [tid for tid, _ in results]))
 
     def _done_for(self, tid: int, written: Any, fid: int | None, released: list) -> None:
         """``tid`` is flushed (in flush ``fid``, still in flight) or reported done (``fid`` None): the held tasks

@@ -273,7 +273,8 @@ class Worker(Process):
         self.compiling: str | None = None  # the numba kernel a task is compiling now (compile_notice)
         self.cpu_limit = CpuLimit()  # its cgroup's CPU quota, in STATS: placement counts it (litz.cpulimit)
         self.held = HeldTasks()  # tasks sent ahead (after=), waiting for tasks to be reported done here (A2)
-        self.deferred_done: list[tuple] = []  # DONEs that released tasks here: sent once the first of those ran
+        # completions whose flushes are acknowledged, for the master: one DONE message per read (A4)
+        self.done_out: list[tuple] = []
         # the local hand-off (docs/design.md, A2, A3, A7): tasks released while a flush of their closure is
         # unacknowledged, those of them waiting for the acknowledgements to read, and acknowledged flushes
         # whose DONE waits for an earlier flush's: flush id -> (those flushes, results, keys written, tasks)
@@ -302,14 +303,14 @@ class Worker(Process):
                     self.handle_message(sender, msg)
                     if not self.running:
                         return
+                self.send_done_out()  # what the read made ready: one message
             if self.runnable:
-                self.run_slice(0.0 if self.deferred_done else RUN_SLICE_S)
+                self.run_slice()
             if self.out_gets:
                 self.send_gets()
             if self.completed and (len(self.flushing) < MAX_FLUSHES or self.releases_held()):
                 self.flush()
-            if self.deferred_done:  # behind the released task's gets and flush: the chain goes first
-                self.send_deferred_done()
+            self.send_done_out()  # what the pass made ready (a flush that wrote nothing)
             if self.moving:
                 self.ship_ready_executors()
             if self.residency.loading:
@@ -331,11 +332,15 @@ class Worker(Process):
                     return
                 self.send("master", (P.STATS, self.stats()))
 
-    def reads_now(self) -> bool:
-        """Whether the loop reads the socket now: always, unless a task handed off here (sent ahead with
-        ``after=``, released) is next to run and the last read was less than ``CHAIN_READ_GAP_S`` ago (A8)."""
+    def chain_next(self) -> bool:
+        """A task handed off here (sent ahead with ``after=``, released) is next to run: a chain waits for it."""
         runnable = self.runnable
-        return not runnable or runnable[0].fresh is None or clock.perf_counter() >= self._next_read
+        return bool(runnable) and runnable[0].fresh is not None
+
+    def reads_now(self) -> bool:
+        """Whether the loop reads the socket now: always, unless the chain is next (:meth:`chain_next`) and the
+        last read was less than ``CHAIN_READ_GAP_S`` ago (A8)."""
+        return not self.chain_next() or clock.perf_counter() >= self._next_read
 
     def holds_tasks(self) -> bool:
         """Tasks here not yet reported done: queued, running, waiting for values, or in a flush."""
@@ -830,7 +835,7 @@ class Worker(Process):
         self.waiting_load.clear()
         self.load_queue.clear()
         self.held = HeldTasks()
-        self.deferred_done.clear()
+        self.done_out.clear()
         self.early_tasks.clear()
         self.awaiting_acks.clear()
         self.parked.clear()
@@ -870,7 +875,7 @@ class Worker(Process):
     def can_retire(self) -> bool:
         return (not self.executors and not self.moving and not self.runnable and not self.completed
                 and not self.flushing and not self.residency.spilled and not self.waiting_load and not self._held
-                and not self.held.held and not self.deferred_done and not self.parked)
+                and not self.held.held and not self.done_out and not self.parked)
 
     # -- micro-tasks ---------------------------------------------------------------------------------
     def run_slice(self, budget: float = RUN_SLICE_S) -> None:
@@ -1170,25 +1175,29 @@ class Worker(Process):
             self.send_done(*parked.pop(ready)[1:])
 
     def send_done(self, results: list, written: Any, tasks: list[Task]) -> None:
-        """Send completed tasks' results to the master, once every server acknowledged their updates. Tasks held
-        here for them (after=) are released first, and run before the DONE leaves: sending wakes the master, which
-        on a busy machine takes the CPU from this process for as long as it runs (bench/round_latency.py)."""
+        """Completed tasks' updates are acknowledged by every server: their results go to the master with the
+        other completions of this read or pass of the loop (``send_done_out``); tasks held here for them (after=)
+        are released."""
         held = self.held
-        if not held.recording:
-            held.done_seq += 1
-        else:
-            released = held.sent_done([tid for tid, _ in results], written)  # A2
-            for task in released:
+        if held.recording:
+            for task in held.sent_done([tid for tid, _ in results], written):  # A2
                 self.release(task)
-            if released or self.deferred_done:  # in order: the master counts DONEs (A4)
-                self.deferred_done.append((results, written, tasks))
-                return
-        self.send_done_now(results, written, tasks)
+        self.done_out.append((results, written, tasks))
 
-    def send_deferred_done(self) -> None:
-        out, self.deferred_done = self.deferred_done, []
-        for results, written, tasks in out:
-            self.send_done_now(results, written, tasks)
+    def send_done_out(self) -> None:
+        """The completions queued since the last DONE leave as one message: acknowledgements come in batches
+        (one read brings several), and one message wakes the master once and carries one timing."""
+        if not self.done_out:
+            return
+        out, self.done_out = self.done_out, []
+        if len(out) == 1:
+            results, written, tasks = out[0]
+        else:
+            results = [r for part in out for r in part[0]]
+            tasks = [t for part in out for t in part[2]]
+            written = None if any(part[1] is None for part in out) else [k for part in out for k in part[1]]
+        self.held.numbered(results)  # the master counts messages (A4)
+        self.send_done_now(results, written, tasks)
 
     def send_done_now(self, results: list, written: Any, tasks: list[Task]) -> None:
         """A result that cannot be pickled is the app's error, told with the executor and task that returned it, as

@@ -42,7 +42,7 @@ def bare_worker(ident: str = "w0", spill_root: str | None = None):
     w.fail = lambda where, text: w.sent.append(("fail", where, text))
     w.cache, w.flushing, w.fetches, w.fetch_by_key, w.runnable = ParamCache(), {}, {}, {}, deque()
     w.resent_fids, w.unsettled = {}, {}
-    w.held, w.deferred_done = HeldTasks(), []  # no task sent ahead (after=): DONEs go out at once
+    w.held, w.done_out = HeldTasks(), []  # no task sent ahead (after=)
     w.early_tasks, w.awaiting_acks, w.parked = set(), set(), {}
     w.measure = SpeedMeasure(schedstat=False)  # the speed measure DONE carries: no schedstat, nothing held yet
     w.executors, w.lost_servers, w.gen = {}, set(), 0
@@ -50,6 +50,13 @@ def bare_worker(ident: str = "w0", spill_root: str | None = None):
     w.pending, w.waiting_load = defaultdict(int), defaultdict(list)
     if spill_root is not None:
         w.residency = Residency(ident, spill_root=spill_root)
+    on_ack = w.on_ack
+
+    def on_ack_read(*args, **kwargs) -> None:  # each ack as one read of the loop: what it made ready is sent
+        on_ack(*args, **kwargs)
+        w.send_done_out()
+
+    w.on_ack = on_ack_read
     return w
 
 
