@@ -153,6 +153,7 @@ def test_a_dependents_done_waits_for_its_closures_done():
     assert w.sent == [] and 1 in w.parked
     w.on_ack("s1", 0, 1, [])
     assert [msg[1] for _, msg in w.sent] == [[(1, "closure"), (2, "dependent")]]  # one message, in order
+    assert w.held.done_seq == 1  # numbered as the master counts it: one message (A4)
     assert not w.parked
 
 
