@@ -143,22 +143,26 @@ def test_words_that_do_not_occur_have_no_rows() -> None:
 
 
 def test_documents_are_visited_in_a_seeded_random_order() -> None:
-    """A task's visit order is a permutation of its runs, drawn from its seed, by chunks of consecutive runs: the
-    same seed gives the same order, the first chunk is uniform over the seeds, and the random stream moves on."""
-    C = kernels.VISIT_CHUNK
-    r0, r1 = 10, 10 + 4 * C + 3  # four whole chunks and a short last one
-    first = np.zeros(5, int)
+    """A task's visit order is a permutation of its runs, drawn from its seed, by chunks of consecutive runs that
+    close once they hold VISIT_CHUNK_TOKENS tokens: the same seed gives the same order, the first chunk is uniform
+    over the seeds, and the random stream moves on."""
+    T = kernels.VISIT_CHUNK_TOKENS
+    lengths = np.array([T // 4] * 8 + [T] + [T + 7] + [3] * 5 + [T // 2, T // 2] + [5])  # the last chunk short
+    run_ptr = np.concatenate([[0, 0, 0], np.cumsum(lengths)]).astype(np.int64)  # runs before r0 are not the task's
+    r0, r1 = 2, 2 + len(lengths)
+    chunks = [[2, 3, 4, 5], [6, 7, 8, 9], [10], [11], [12, 13, 14, 15, 16, 17, 18], [19]]
+    first = {c[0]: 0 for c in chunks}
     for seed in range(1, 2001):
-        order, x = kernels.visit_order(r0, r1, np.uint64(kernels.task_seed(0, 0, seed)))
+        order, x = kernels.visit_order(run_ptr, r0, r1, np.uint64(kernels.task_seed(0, 0, seed)))
         assert sorted(order.tolist()) == list(range(r0, r1))
-        starts = [i for i in range(len(order)) if (order[i] - r0) % C == 0]
-        for a, b in zip(starts, starts[1:] + [len(order)], strict=True):  # each chunk's runs in layout order
-            assert order[a:b].tolist() == list(range(order[a], order[a] + b - a))
-        first[(order[0] - r0) // C] += 1
-    assert first.min() > 330 and first.max() < 470  # 400 each; 3.5 standard deviations
-    a, xa = kernels.visit_order(0, 50 * C, np.uint64(7))
-    b, xb = kernels.visit_order(0, 50 * C, np.uint64(7))
-    c, _ = kernels.visit_order(0, 50 * C, np.uint64(8))
+        seen = order.tolist()
+        assert sorted(seen[seen.index(c[0]):seen.index(c[0]) + len(c)] for c in chunks) == chunks
+        first[seen[0]] += 1
+    assert min(first.values()) > 275 and max(first.values()) < 392  # 333 each; 3.5 standard deviations
+    many = np.arange(0, 50 * T + 1, T // 2, dtype=np.int64)  # 100 runs of T/2 tokens: 50 chunks
+    a, xa = kernels.visit_order(many, 0, 100, np.uint64(7))
+    b, xb = kernels.visit_order(many, 0, 100, np.uint64(7))
+    c, _ = kernels.visit_order(many, 0, 100, np.uint64(8))
     assert a.tolist() == b.tolist() != c.tolist() and xa == xb != np.uint64(7)
 
 

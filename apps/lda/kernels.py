@@ -43,10 +43,13 @@ random stream, not in the layout's fixed order. Any order keeps the chain exact 
 sweep mixes more slowly in the first sweeps, where the topics separate: on the 3.6M-token corpus of
 ``bench/lda_quality.py`` (2 executors, chain seeds 1-8) the fixed order was up to 0.014 behind tomotopy's 2 threads
 (whose scheme draws a new document order every sweep) in sweeps 5-10, the random order at most 0.009. The order
-is random by chunks of ``VISIT_CHUNK`` = 16 consecutive documents: one document at a time cost 9% of the
-sampler's time on 57.6M tokens (160 000 documents an executor: each visit missed the caches for its
-document-topic row and tokens), chunks cost nothing measurable there and recover as well (at most 0.009 behind in
-sweeps 1-14, against 0.009 one document at a time).
+is random by chunks of consecutive documents holding at least ``VISIT_CHUNK_TOKENS`` = 1 024 tokens: one
+document at a time cost 9% of the sampler's time on 57.6M tokens (160 000 documents an executor: each visit
+missed the caches for its document-topic row and tokens), chunks of 16 documents (about 1 400 tokens there) cost
+nothing measurable and recovered as well (at most 0.009 behind in sweeps 1-14, against 0.009 one document at a
+time). A chunk is counted in tokens, not documents, because a task's runs shrink as executors multiply: at 32
+executors on 57.6M tokens a run is about 6 tokens, chunks of 16 runs (about 90 tokens) made every task 4.5%
+dearer than the layout's order (task CPU, 2 runs each), chunks of 1 024 tokens 1.4% dearer.
 
 One task = one numba call (:func:`sample_task`, around :func:`sample_block`): no per-token Python. The
 random numbers come from an xorshift64* generator seeded per (chain seed, executor, round), so a task is a
@@ -67,7 +70,7 @@ _U12, _U25, _U27 = np.uint64(12), np.uint64(25), np.uint64(27)
 _MUL = np.uint64(2685821657736338717)
 _TO_UNIT = 1.0 / 9007199254740992.0  # 2**-53
 _U11 = np.uint64(11)
-VISIT_CHUNK = 16
+VISIT_CHUNK_TOKENS = 1024
 
 
 def task_seed(seed: int, executor: int, rnd: int) -> int:
@@ -100,12 +103,22 @@ def _draw(x):  # pragma: no cover
 
 
 @numba.njit(nogil=True, cache=True)
-def visit_order(r0, r1, x):  # pragma: no cover
+def visit_order(run_ptr, r0, r1, x):  # pragma: no cover
     """Runs ``r0..r1-1`` (a task's document visits) in a random order drawn from the xorshift64* state ``x``,
-    and the state after it: chunks of ``VISIT_CHUNK`` consecutive runs in a random order (Fisher-Yates), each
-    chunk's runs in layout order. See the module doc, "Documents in a random order"."""
+    and the state after it: chunks of consecutive runs, each closed once it holds ``VISIT_CHUNK_TOKENS`` tokens,
+    in a random order (Fisher-Yates), each chunk's runs in layout order. See the module doc, "Documents in a
+    random order"."""
     n = r1 - r0
-    chunks = (n + VISIT_CHUNK - 1) // VISIT_CHUNK
+    start = np.empty(n + 1, np.int64)  # chunk c is runs start[c]..start[c + 1]-1
+    chunks = 0
+    held = VISIT_CHUNK_TOKENS
+    for run in range(r0, r1):
+        if held >= VISIT_CHUNK_TOKENS:
+            start[chunks] = run
+            chunks += 1
+            held = 0
+        held += run_ptr[run + 1] - run_ptr[run]
+    start[chunks] = r1
     perm = np.arange(chunks)
     for i in range(chunks - 1, 0, -1):
         x, u = _draw(x)
@@ -114,7 +127,7 @@ def visit_order(r0, r1, x):  # pragma: no cover
     order = np.empty(n, np.int64)
     k = 0
     for c in perm:
-        for run in range(r0 + c * VISIT_CHUNK, min(r0 + (c + 1) * VISIT_CHUNK, r1)):
+        for run in range(start[c], start[c + 1]):
             order[k] = run
             k += 1
     return order, x
@@ -144,7 +157,7 @@ def sample_block(word, z, run_doc, run_ptr, r0, r1, ndk, wt, nk, doc_len, alpha,
     floor = nk_min + vbeta  # a lower bound on every n_k + V beta for the rest of the task (see the module doc)
     qbuf = np.empty(K, np.float64)
     dense_at = K // 2  # a word with more non-zero topics: its word bucket in one dense, vectorised pass
-    order, x = visit_order(r0, r1, np.uint64(seed))
+    order, x = visit_order(run_ptr, r0, r1, np.uint64(seed))
     changed = 0
     s = 0.0
     for k in range(K):
