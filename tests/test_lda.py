@@ -197,6 +197,26 @@ def test_totals_are_those_of_the_tasks_before_in_the_schedule(monkeypatch, execu
 
 
 @pytest.mark.timeout(60)
+def test_a_completion_reuses_its_dispatchs_clock_and_learns_the_same(monkeypatch) -> None:
+    """The clock and totals kept from a task's dispatch (``in_flight_clock``) are those its completion would
+    compute: the same seed and completion order learn the same counts with them as with recomputing."""
+    import apps.lda as lda
+
+    config = {**SMALL, "docs": 300, "epochs": 3, "check_counts": 1}
+    kept = in_process(config, 4, 3).run()
+    reuse = lda.LDADriver._count_totals
+
+    def recomputed(self, e: int, r: int, b: int, nk_delta: np.ndarray) -> None:
+        self.in_flight_clock.clear()
+        reuse(self, e, r, b, nk_delta)
+
+    monkeypatch.setattr(lda.LDADriver, "_count_totals", recomputed)
+    again = in_process(config, 4, 3).run()
+    assert [h["ll_per_token"] for h in kept["history"]] == [h["ll_per_token"] for h in again["history"]]
+    assert kept["history"][-1]["changed"] == again["history"][-1]["changed"]
+
+
+@pytest.mark.timeout(60)
 def test_schedule_checks_catch_a_broken_schedule(monkeypatch) -> None:
     """A driver that ignores block ownership (every executor runs its rounds as fast as it can) is caught."""
     import apps.lda as lda

@@ -387,6 +387,9 @@ class LDADriver(litz.Driver):
                                                  for e in range(E)]  # per executor: round -> its changes so far
         self.tot_exec = [nk0] * E  # the totals of each clock (never changed in place)
         self.tot_block = [nk0] * self.B
+        # per executor, (round, block, (clock, totals)) of its task in flight: neither clock moves until it
+        # completes (its executor runs one task at a time and holds the block), so its completion reuses them
+        self.in_flight_clock: dict[int, tuple] = {}
         self.epoch_totals = np.array(nk0)  # after every task of the epochs done so far
         self.ahead = s.ahead
         if self.ahead:  # the clocks of the tasks dispatched last (see _try_ahead); busy counts tasks in flight
@@ -550,8 +553,10 @@ class LDADriver(litz.Driver):
         version depends only on the schedule: the same seed gives the same topics for the same executors and
         blocks. It is staler: with B = E it misses about (E - 1) / 2 rounds of the other executors' changes
         against about one (bench/README.md, lda_quality: at 8 executors recovery per sweep within 0.01 of
-        tomotopy's)."""
-        return self._clock(e, b)[1]
+        tomotopy's). The clock and totals are kept for the task's completion (``in_flight_clock``)."""
+        clock_totals = self._clock(e, b)
+        self.in_flight_clock[e] = (self.next_round[e], b, clock_totals)
+        return clock_totals[1]
 
 
     def _sampled(self, res: dict) -> None:
@@ -649,7 +654,8 @@ class LDADriver(litz.Driver):
 
     def _count_totals(self, e: int, r: int, b: int, nk_delta: np.ndarray) -> None:
         """Executor ``e``'s round ``r`` (on block ``b``) is done: its changes join the totals of the tasks after it."""
-        clock, totals = self._clock(e, b)
+        at_dispatch = self.in_flight_clock.pop(e, None)
+        clock, totals = at_dispatch[2] if at_dispatch is not None and at_dispatch[:2] == (r, b) else self._clock(e, b)
         clock[e] = r
         self.clock_exec[e] = self.clock_block[b] = clock
         self.tot_exec[e] = self.tot_block[b] = totals + nk_delta
