@@ -302,6 +302,8 @@ class Worker(Process):
                 for sender, msg in self.receive():
                     self.handle_message(sender, msg)
                     if not self.running:
+                        if not self.stopped:  # leaving with the job still on: what is done goes first
+                            self.send_done_out()
                         return
                 self.send_done_out()  # what the read made ready: one message
             if self.runnable:
