@@ -63,7 +63,9 @@ def test_a_slow_worker_loses_executors_and_the_result_stays_exact(tmp_path):
     assert rebalances, [e["kind"] for e in doc["events"]]
     first = rebalances[0]
     assert first["executors_moved"] >= 3 and first["bytes"] > 0
-    assert first["speeds"]["w0"] > 2.5 * first["speeds"]["w1"]
+    # the first rebalance comes about 2 s in, while the estimate still converges on w1's quarter speed (4x):
+    # quiet runs measured 2.8-3.9x there, and one CI run under load 2.47x
+    assert first["speeds"]["w0"] > 2.0 * first["speeds"]["w1"], first
     # no rebalance follows another within 10 s unless the speeds moved past the threshold: with a steady
     # straggler, at most a second one corrects the first (measured before w1's queue drained)
     assert len(rebalances) <= 2, rebalances
@@ -104,7 +106,7 @@ def test_cluster_mode_speed_placement_moves_executors_off_a_slow_worker(etcd, tm
     assert rebalances, json.loads(out.read_text())["events"]
     first = rebalances[0]
     assert first["executors_moved"] >= 3 and first["bytes"] > 0
-    assert first["speeds"]["fast"] > 2.5 * first["speeds"]["slow"], first
+    assert first["speeds"]["fast"] > 2.0 * first["speeds"]["slow"], first  # measured early: as above
 
 
 
