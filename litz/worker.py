@@ -334,15 +334,12 @@ class Worker(Process):
                     return
                 self.send("master", (P.STATS, self.stats()))
 
-    def chain_next(self) -> bool:
-        """A task handed off here (sent ahead with ``after=``, released) is next to run: a chain waits for it."""
-        runnable = self.runnable
-        return bool(runnable) and runnable[0].fresh is not None
-
     def reads_now(self) -> bool:
-        """Whether the loop reads the socket now: always, unless the chain is next (:meth:`chain_next`) and the
-        last read was less than ``CHAIN_READ_GAP_S`` ago (A8)."""
-        return not self.chain_next() or clock.perf_counter() >= self._next_read
+        """Whether the loop reads the socket now: always, unless a task handed off here (sent ahead with
+        ``after=``, released: a chain waits for it) is next to run and the last read was less than
+        ``CHAIN_READ_GAP_S`` ago (A8)."""
+        runnable = self.runnable
+        return not runnable or runnable[0].fresh is None or clock.perf_counter() >= self._next_read
 
     def holds_tasks(self) -> bool:
         """Tasks here not yet reported done: queued, running, waiting for values, or in a flush."""
