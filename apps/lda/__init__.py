@@ -420,13 +420,19 @@ class LDADriver(litz.Driver):
 
     # -- the block schedule ------------------------------------------------------------------------------
     def _holder_after(self, block: int, rnd: int, executor: int) -> tuple[int, int] | None:
-        """The first holder (round, executor) of ``block`` after ``(rnd, executor)``, or None."""
+        """The first holder (round, executor) of ``block`` after ``(rnd, executor)`` (executor -1: from the start
+        of round ``rnd``), or None."""
         E, B = self.num_executors, self.B
         while rnd < self.total_rounds:
             first = (block - rnd) % B
-            cand = first if executor < first else first + ((executor - first) // B + 1) * B
-            if cand < E:
-                return rnd, cand
+            n = (E - first + B - 1) // B  # the round's holders of the block: first, first + B, ... below E
+            if executor >= 0 and n > 1:
+                start = first * n // B
+                i = ((executor - first) // B - start) % n + 1
+                if i < n:
+                    return rnd, first + (start + i) % n * B
+            elif executor < 0 and n > 0:
+                return rnd, first + (first * n // B) * B
             rnd, executor = rnd + 1, -1
         return None
 
