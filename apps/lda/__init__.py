@@ -533,21 +533,22 @@ class LDADriver(litz.Driver):
         (the task waits for e's previous round and for b's previous holder, and so for everything they waited
         for), and the totals after exactly those rounds.
 
-        The two clocks differ in few entries (with B = E in one: e's own last round), so the totals are those of
-        one clock corrected where the other is ahead, not a sum over every executor (42 us a task at 32
-        executors on a loaded machine: 4% of an epoch's master time at 1 024 tasks an epoch)."""
+        The clock is the two clocks' join, and its totals those of one clock corrected where the other is ahead,
+        not a sum over every executor (42 us a task at 32 executors on a loaded machine: 4% of an epoch's master
+        time at 1 024 tasks an epoch). With B = E the executor's clock is ahead in one entry, its own last round,
+        so that side is tried first and the other compared only if it is ahead in more than two (in one process,
+        32 executors, 3.6M tokens: the driver's time outside tasks 0.29 s against 0.34 s in 10 epochs)."""
         ce, cb = self.clock_exec[e], self.clock_block[b]
-        ahead_e, ahead_b = np.flatnonzero(ce > cb), np.flatnonzero(cb > ce)
-        if len(ahead_e) <= len(ahead_b):
-            base, lag, ahead, totals = cb, ce, ahead_e, self.tot_block[b]
-        else:
-            base, lag, ahead, totals = ce, cb, ahead_b, self.tot_exec[e]
-        for x in ahead.tolist():
+        base, lag, totals = cb, ce, self.tot_block[b]
+        ahead = np.flatnonzero(ce > cb).tolist()
+        if len(ahead) > 2:  # either side is right; the other may need fewer corrections (with B = E, 1 against
+            ahead_b = np.flatnonzero(cb > ce).tolist()  # E - 1 the other way round: this test is most calls)
+            if len(ahead_b) < len(ahead):
+                base, lag, totals, ahead = ce, cb, self.tot_exec[e], ahead_b
+        for x in ahead:
             cum = self.cum[x]
             totals = totals + cum[int(lag[x])] - cum[int(base[x])]
-        clock = np.array(base)
-        clock[ahead] = lag[ahead]
-        return clock, totals
+        return np.maximum(ce, cb), totals
 
     def _totals(self, e: int, b: int) -> np.ndarray:
         """The topic totals executor ``e``'s next task (on block ``b``) samples with: the initial totals plus the
