@@ -444,11 +444,14 @@ def compact_delta(delta: np.ndarray, lo: int, hi: int) -> np.ndarray:
     otherwise add an int16 delta into an int8 one."""
     if delta.size == 0:
         return delta
-    for dtype in (np.int8, np.int16):
-        info = np.iinfo(dtype)
-        if info.min <= lo and hi <= info.max:
+    for dtype, low, high in _NARROW:
+        if low <= lo and hi <= high:
             return delta.astype(dtype)
     return delta
+
+
+# the narrower types compact_delta tries, with their ranges (np.iinfo is 2 us a call, once a task at 1 024 an epoch)
+_NARROW = [(t, int(np.iinfo(t).min), int(np.iinfo(t).max)) for t in (np.int8, np.int16)]
 
 
 def topic_log_likelihood(nk: np.ndarray, num_words: int, beta: float) -> float:
