@@ -313,6 +313,11 @@ class LDAExecutor(litz.Executor):
 class LDADriver(litz.Driver):
     """Runs the block rotation, adds up the log-likelihood per epoch, checks the schedule and the counts."""
 
+    # With B < E a round's turns on a block start at a rotated executor (_holder_after); a driver restored from a
+    # checkpoint written before 2026-11-28 has no such attribute and goes on in the order it began in (by id):
+    # switching order mid-round would skip an executor's turn and wait for it forever.
+    turns_rotated = False
+
     def dispatch_initial_tasks(self) -> None:
         self.s = Settings.from_config(self.config)
         self.output = model_path(self.s.output)  # a bad path fails now, not after training
@@ -356,6 +361,7 @@ class LDADriver(litz.Driver):
         self.next_round = [0] * E
         self.busy = [False] * E
         self.held: list[int | None] = [None] * self.B
+        self.turns_rotated = True
         self.block_next = [self._holder_after(b, 0, -1) for b in range(self.B)]
         self.holds_seen = [0] * self.B  # completed holds per block = the ("hold", b) value the next must read
         self.violations: list[str] = []
@@ -426,13 +432,13 @@ class LDADriver(litz.Driver):
         while rnd < self.total_rounds:
             first = (block - rnd) % B
             n = (E - first + B - 1) // B  # the round's holders of the block: first, first + B, ... below E
+            start = first * n // B if self.turns_rotated else 0
             if executor >= 0 and n > 1:
-                start = first * n // B
                 i = ((executor - first) // B - start) % n + 1
                 if i < n:
                     return rnd, first + (start + i) % n * B
             elif executor < 0 and n > 0:
-                return rnd, first + (first * n // B) * B
+                return rnd, first + start * B
             rnd, executor = rnd + 1, -1
         return None
 
