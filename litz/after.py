@@ -17,19 +17,24 @@ from collections.abc import Iterable
 from typing import Any
 
 EARLY = -1  # in a closure: every task dispatched before the table was made (not one by one: nothing recorded them)
+# A longer closure is not kept: the task waits here for the tasks it names and never goes ahead (docs/design.md, A1).
+# A chain dispatched ahead grows its closures by one task a link; kept whole, 10 000 links took 4.7 s to dispatch
+# and 440 MB, and a worker would get every closure with its task.
+MAX_CLOSURE = 256
 
 
 class Pending:
     """A task dispatched and not yet seen complete: where it went and what it waits for."""
 
-    __slots__ = ("task", "where", "closure", "remaining", "gen")
+    __slots__ = ("task", "where", "closure", "remaining", "gen", "capped")
 
-    def __init__(self, task: tuple, where: str | None, closure: tuple):
+    def __init__(self, task: tuple, where: str | None, closure: tuple, capped: bool = False):
         self.task = task          # (task id, executor, version, args)
         self.where = where        # the worker it was sent to; None: held here (by this table, a pause or a move)
         self.closure = closure    # pending task ids it waits for (empty once sent the ordinary way)
-        self.remaining = 0        # closure tasks not yet complete, while held here
+        self.remaining = 0        # waited-for tasks not yet complete, while held here
         self.gen = 0              # bumped when it stops waiting here: older entries in the waiting lists are stale
+        self.capped = capped      # its closure was longer than MAX_CLOSURE: only the tasks it named, never ahead
 
 
 class Dependencies:
@@ -66,16 +71,20 @@ class Dependencies:
 
     def dispatch(self, task: tuple, after: Iterable[int] | None) -> None:
         """Route a task just dispatched (its id, executor, version, args), after the tasks ``after`` names."""
+        after = None if after is None else list(after)  # read twice below (an iterator would be spent)
         closure = self.closure_of(after) if after is not None else ()
-        p = Pending(task, None, closure)
+        named = set(after) if closure else ()
+        waits = tuple(t for t in closure if t == EARLY or t in named)
+        capped = len(closure) > MAX_CLOSURE
+        p = Pending(task, None, waits if capped else closure, capped)
         self.pending[task[0]] = p
         m = self.master
         if m.recovery.paused:  # a checkpoint holds dispatch: sent after it (unpaused), or kept in it (A6)
             m.paused_tasks.append(task)
             if closure:
-                m.paused_after[task[0]] = closure
+                m.paused_after[task[0]] = p.closure
             return
-        self.place(p)
+        self.place(p, waits)
 
     def unpause(self, task: tuple) -> None:
         """A task dispatched during a checkpoint's pause goes now."""
@@ -94,26 +103,30 @@ class Dependencies:
         p.closure = tuple(t for t in closure if t in self.pending or (t == EARLY and self.early_left))
         self.place(p)
 
-    def place(self, p: Pending) -> None:
+    def place(self, p: Pending, waits: tuple | None = None) -> None:
         """Send ``p`` ahead if its worker can settle its closure alone, the ordinary way if nothing is pending, else
-        hold it here until its closure has completed."""
+        hold it here until its closure has completed (``waits``: the tasks of the closure it names, see hold)."""
         if not p.closure:
             self.route(p)
             return
-        where = self.settles_alone(p.task[1], p.closure)
+        where = None if p.capped else self.settles_alone(p.task[1], p.closure)
         if where is not None:
             p.where = where
             self.ahead[where].append((*p.task, p.closure))
             self.sent_ahead += 1
             self.master.sent_in_flight += 1
             return
-        self.hold(p)
+        self.hold(p, waits)
 
-    def hold(self, p: Pending) -> None:
-        """Hold ``p`` here until every task of its closure has completed."""
+    def hold(self, p: Pending, waits: tuple | None = None) -> None:
+        """Hold ``p`` here until every task of its closure has completed: until those of ``waits`` (default: the
+        whole closure) have. Waiting for the tasks the dispatch named is enough (docs/design.md, A1): a task
+        completes here only after its own closure has, so theirs are complete by then. A chain dispatched ahead
+        then costs one wait a task, not one for each task before it (a closure grows with the chain)."""
+        waits = p.closure if waits is None else waits
         p.gen += 1
-        p.remaining = len(p.closure)
-        for tid in p.closure:
+        p.remaining = len(waits)
+        for tid in waits:
             self.waiting[tid].append((p, p.gen))
 
     def settles_alone(self, eid: int, closure: tuple) -> str | None:
@@ -149,21 +162,28 @@ class Dependencies:
         """``tid`` was just sent: the tasks held here for it may go ahead now, if their worker can settle what they
         still wait for (A1), as a dispatch made now (at the current version, with the tasks still pending)."""
         m = self.master
-        for q, gen in self.waiting.get(tid, ()):
-            if gen != q.gen or q.remaining <= 0:
-                continue
-            closure = tuple(t for t in q.closure if t in self.pending or (t == EARLY and self.early_left))
-            where = self.settles_alone(q.task[1], closure) if closure else None
-            if where is None:
-                continue
-            qtid, eid, _, args = q.task
-            q.task, q.closure, q.where, q.remaining = (qtid, eid, m.version, args), closure, where, 0
-            q.gen += 1  # its entries in the waiting lists are stale now
-            self.ahead[where].append((*q.task, closure))
-            self.sent_ahead += 1
-            m.sent_in_flight += 1
-            if self.waiting.get(qtid):
-                self.promote(qtid)
+        # depth first, each task's waiters right after it (the order recursion gave), on a stack of iterators: a
+        # chain held here goes ahead link by link, as deep as it is long (recursion failed past 1 000 links)
+        stack = [iter(self.waiting.get(tid, ()))]
+        while stack:
+            for q, gen in stack[-1]:
+                if gen != q.gen or q.remaining <= 0 or q.capped:
+                    continue
+                closure = tuple(t for t in q.closure if t in self.pending or (t == EARLY and self.early_left))
+                where = self.settles_alone(q.task[1], closure) if closure else None
+                if where is None:
+                    continue
+                qtid, eid, _, args = q.task
+                q.task, q.closure, q.where, q.remaining = (qtid, eid, m.version, args), closure, where, 0
+                q.gen += 1  # its entries in the waiting lists are stale now
+                self.ahead[where].append((*q.task, closure))
+                self.sent_ahead += 1
+                m.sent_in_flight += 1
+                if self.waiting.get(qtid):
+                    stack.append(iter(self.waiting[qtid]))
+                    break
+            else:
+                stack.pop()
 
     # -- completions ---------------------------------------------------------------------------------------------
     def completed(self, tid: int) -> None:

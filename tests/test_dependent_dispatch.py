@@ -29,6 +29,26 @@ def test_schedules_with_after_keep_the_rule():
 
 
 @pytest.mark.timeout(240)
+def test_schedules_with_after_keep_the_rule_when_closures_are_capped(monkeypatch):
+    """The same schedules with MAX_CLOSURE at 1: every task whose closure holds two or more waits at the master for
+    the tasks it named, and never goes ahead; those after it start anew (A1, capped closures)."""
+    from litz import after
+
+    monkeypatch.setattr(after, "MAX_CLOSURE", 1)
+    capped = []
+    original = after.Pending.__init__
+
+    def counting(self, task, where, closure, capped_now=False):
+        capped.append(capped_now)
+        original(self, task, where, closure, capped_now)
+
+    monkeypatch.setattr(after.Pending, "__init__", counting)
+    bad = {s: o.violations for s in SEEDS if (o := run_schedule(s, EVENTS, after_plan(s))).violations}
+    assert bad == {}
+    assert any(capped) and not all(capped)
+
+
+@pytest.mark.timeout(240)
 def test_a_planted_early_release_is_caught(monkeypatch):
     """A worker that starts a held task at once, without waiting for its closure to run and flush here: the reads
     of the tasks it released must show missing updates (and their executors' rounds out of order)."""
@@ -111,6 +131,23 @@ def test_chains_sent_ahead_through_litz_run():
     cross = litz.run(app_path("after_chain"), **run, config={"chains": 2, "steps": 80, "ahead": 3, "span": 4})
     assert cross["violations"] == [] and cross["tasks"] == 160
     assert cross["released"] < same["released"]
+
+
+@pytest.mark.timeout(60)
+def test_a_long_chain_dispatched_at_once_runs_in_linear_time_and_reads_every_step():
+    """A chain of 2 000 steps dispatched before any completes, each after the one before: closures grow by a step a
+    link, and the master once waited on every task of each (4.5 million waits for 3 000 steps: over 300 s). Now a
+    held task waits for the tasks it names and a closure longer than MAX_CLOSURE is not kept (the task stays here):
+    seconds, and every step still reads exactly the steps before it, on one worker (most steps going ahead) and
+    across two."""
+    from litz.after import MAX_CLOSURE
+
+    run = {"workers": 2, "servers": 1, "executors": 4, "placement": "even", "steal": False}
+    for span in (2, 4):
+        got = litz.run(app_path("after_chain"), **run, config={"chains": 1, "steps": 2000, "ahead": 2000, "span": span})
+        assert got["violations"] == [] and got["tasks"] == 2000
+        if span == 2:  # ahead but for the first and every task whose closure passed MAX_CLOSURE (after each such
+            assert 1500 <= got["released"] <= 2000 - 2000 // MAX_CLOSURE  # one its successors start anew)
 
 
 def _worker_on_one_server():
