@@ -16,6 +16,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+
 EARLY = -1  # in a closure: every task dispatched before the table was made (not one by one: nothing recorded them)
 # A longer closure is not kept: the task waits here for the tasks it names and never goes ahead (docs/design.md, A1).
 # A chain dispatched ahead grows its closures by one task a link; kept whole, 10 000 links took 4.7 s to dispatch
@@ -71,7 +73,8 @@ class Dependencies:
 
     def dispatch(self, task: tuple, after: Iterable[int] | None) -> None:
         """Route a task just dispatched (its id, executor, version, args), after the tasks ``after`` names."""
-        after = None if after is None else list(after)  # read twice below (an iterator would be spent)
+        # read twice below (an iterator would be spent); a numpy integer is the id it equals (ids kept in an array)
+        after = None if after is None else [int(t) if isinstance(t, np.integer) else t for t in after]
         closure = self.closure_of(after) if after is not None else ()
         named = set(after) if closure else ()
         waits = tuple(t for t in closure if t == EARLY or t in named)

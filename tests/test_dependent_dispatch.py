@@ -150,6 +150,43 @@ def test_a_long_chain_dispatched_at_once_runs_in_linear_time_and_reads_every_ste
             assert 1500 <= got["released"] <= 2000 - 2000 // MAX_CLOSURE  # one its successors start anew)
 
 
+AFTER_IDS = """
+import numpy as np
+
+
+class D(litz.Driver):
+    def dispatch_initial_tasks(self):
+        first = self.dispatch_task(0, 0)
+        ids = np.array([first, self.dispatch_task(1, 1)])
+        self.dispatch_task(0, 2, after=ids[0])  # numpy integers: the ids they equal
+        self.dispatch_task(1, 3, after=ids)
+        self.dispatch_task(0, 4, after=(int(i) for i in ids))  # any iterable
+        self.got = []
+        if self.config.get("bad"):
+            self.dispatch_task(0, 5, after=[first, 10 ** 9])
+
+    def handle_task_completion(self, r):
+        self.got.append(r)
+        if len(self.got) == 5:
+            self.finish(sorted(self.got))
+
+
+class E(litz.Executor):
+    def run_task(self, a):
+        return a
+"""
+
+
+@pytest.mark.timeout(60)
+def test_after_takes_numpy_ids_and_any_iterable_and_refuses_an_unknown_id(tmp_path):
+    from tests.support.badapps import write_app
+
+    app = write_app(tmp_path, "afterids", AFTER_IDS)
+    assert litz.run(app, workers=2, servers=1, executors=2, progress=False) == [0, 1, 2, 3, 4]
+    with pytest.raises(litz.LitzError, match="after= names 1000000000, which is not the id of a dispatched task"):
+        litz.run(app, workers=2, servers=1, executors=2, progress=False, config={"bad": 1})
+
+
 def _worker_on_one_server():
     """A bare worker with one shard on s1, under map version 1; the DONEs it sends are recorded without timing."""
     from litz.keys import ShardMap
