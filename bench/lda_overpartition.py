@@ -174,13 +174,13 @@ def main() -> int:
                              "round_ratios": [round(x, 4) for x in paired], "ratio_of_medians": em[16] / em[1],
                              "ms_per_round": {k: 1e3 * em[k] / (k * WORKERS) for k in em}, "runs": extra[name]}
             if name == "small_corpus" and rounds:
-                summary[name]["blocks"] = {  # against 1/worker at ahead=modes[0] (the default: 0)
-                    f"{b},{a}": {"blocks": b, "ahead": a,
-                                 "epoch_s": statistics.median(r["epoch_s"] for r in got),
-                                 "ratio_16_vs_1": statistics.median(_round_ratios(got, extra[name][1])),
-                                 "round_ratios": [round(x, 4) for x in _round_ratios(got, extra[name][1])],
-                                 "ll_per_token": statistics.median(r["ll_per_token"] for r in got), "runs": got}
-                    for (b, a), got in blocks_runs.items()}
+                summary[name]["blocks"] = {}  # against 1/worker at ahead=modes[0] (the default: 0)
+                for (b, a), got in blocks_runs.items():
+                    paired = _round_ratios(got, extra[name][1])
+                    summary[name]["blocks"][f"{b},{a}"] = {
+                        "blocks": b, "ahead": a, "epoch_s": statistics.median(r["epoch_s"] for r in got),
+                        "ratio_16_vs_1": statistics.median(paired), "round_ratios": [round(x, 4) for x in paired],
+                        "ll_per_token": statistics.median(r["ll_per_token"] for r in got), "runs": got}
     if len(modes) == 2:  # the same figures with ahead=1, and its paired ratio to ahead=0 per count
         sets = {**({"main": (ahead_runs, runs, PER_WORKER)} if main_rounds else {}),
                 **{name: (extra_ahead[name], extra[name], (1, 16))

@@ -206,7 +206,7 @@ def test_with_fewer_blocks_than_executors_the_holders_of_a_moment_are_spread(exe
 
     driver = lda.LDADriver()
     driver.num_executors, driver.B, driver.total_rounds = executors, blocks, 2 * blocks
-    assert [driver._holder_after(0, 0, e) for e in range(-blocks, executors, blocks)][1:] == [
+    assert [driver._holder_after(0, 0, e) for e in range(0, executors, blocks)] == [
         (0, e) for e in range(blocks, executors, blocks)] + [(1, blocks - 1)]  # a driver from an older
     driver.turns_rotated = True  # checkpoint (no turns_rotated) goes on by id, as it began; _start sets it
     for r in range(2 * blocks):
