@@ -1,10 +1,12 @@
-"""Dependent dispatch, the master's side: ``dispatch_task(e, args, after=tids)`` (docs/design.md, A1-A7).
+"""Dependent dispatch, the master's side: ``dispatch_task(e, args, after=tids)`` (docs/design.md, A1-A9).
 
 A task dispatched after tasks that have not completed goes to its worker at once, with its *closure* (the pending
-tasks it must wait for, transitively), when that worker can settle the wait alone: every closure task was sent
-there and no executor involved is moving. The worker starts it as soon as their flushes are acknowledged, with no
+tasks it must wait for, transitively), when every closure task was sent to a worker and no executor involved is
+moving. The worker starts it as soon as their flushes are acknowledged (its own closure tasks') or handed off
+(those of other workers, which this table tells to do so and whose completions it relays as well, A9), with no
 message through the master (``litz/worker.py``, the held-task functions). Otherwise the master holds the task and
-routes it, at the version of that moment, once its whole closure has completed: the ordinary dispatch.
+routes it, at the version of that moment, once its whole closure has completed: the ordinary dispatch. A task sent
+ahead with closure tasks on other workers completes here only after all of them have (A9).
 
 The table of pending tasks is kept only once the driver has used ``after=``: a job that never does pays nothing.
 The tasks in flight when the table was made are not in it: a task named in ``after=`` from before is waited for
@@ -28,7 +30,7 @@ MAX_CLOSURE = 256
 class Pending:
     """A task dispatched and not yet seen complete: where it went and what it waits for."""
 
-    __slots__ = ("task", "where", "closure", "remaining", "gen", "capped")
+    __slots__ = ("task", "where", "closure", "remaining", "gen", "capped", "remote")
 
     def __init__(self, task: tuple, where: str | None, closure: tuple, capped: bool = False):
         self.task = task          # (task id, executor, version, args)
@@ -37,6 +39,7 @@ class Pending:
         self.remaining = 0        # waited-for tasks not yet complete, while held here
         self.gen = 0              # bumped when it stops waiting here: older entries in the waiting lists are stale
         self.capped = capped      # its closure was longer than MAX_CLOSURE: only the tasks it named, never ahead
+        self.remote = False       # sent ahead with closure tasks on other workers: its completion waits for them (A9)
 
 
 class Dependencies:
@@ -51,6 +54,15 @@ class Dependencies:
         self.waiting: dict[int, list[tuple[Pending, int]]] = defaultdict(list)
         self.ahead: dict[str, list] = defaultdict(list)  # worker -> (tid, eid, version, args, closure) to send ahead
         self.sent_ahead = 0  # tasks ever sent ahead (tests and benchmarks read it)
+        self.sent_ahead_remote = 0  # of them, with closure tasks on other workers (A9)
+        self.handoffs: dict[str, list] = defaultdict(list)  # worker -> (task id, destination): hand it off (A9)
+        self.relays: dict[str, list] = defaultdict(list)  # worker -> (task id, keys) completed, it may wait (A9)
+        self.written: dict[int, Any] = {}  # task id with destinations, reported done -> the keys its DONE names
+        self.destinations: dict[int, set[str]] = {}  # task id -> workers told to expect its hand-off (A9)
+        self.parked: dict[int, list] = defaultdict(list)  # task id -> completions waiting for it (A9)
+        self.ready: list = []  # parked completions whose closure has completed: the master handles them next
+        # worker -> {number of its DONE message: completions of it parked}: not handled yet, for A4's count (A9)
+        self.unsettled: dict[str, dict[int, int]] = defaultdict(dict)
 
     # -- dispatch ------------------------------------------------------------------------------------------------
     def closure_of(self, after: Iterable[int]) -> tuple:
@@ -112,14 +124,31 @@ class Dependencies:
         if not p.closure:
             self.route(p)
             return
-        where = None if p.capped else self.settles_alone(p.task[1], p.closure)
-        if where is not None:
-            p.where = where
-            self.ahead[where].append((*p.task, p.closure))
-            self.sent_ahead += 1
-            self.master.sent_in_flight += 1
+        placed = None if p.capped else self.ahead_to(p.task[1], p.closure)
+        if placed is not None:
+            self.go_ahead(p, *placed)
             return
         self.hold(p, waits)
+
+    def go_ahead(self, p: Pending, where: str, remote: list) -> None:
+        """Send ``p`` ahead to ``where`` with its closure; the workers of its closure tasks on other workers
+        (``remote``: (task id, worker)) hand those off to ``where`` (A9)."""
+        p.where = where
+        p.remaining = 0
+        p.remote = bool(remote)
+        self.ahead[where].append((*p.task, p.closure))
+        self.sent_ahead += 1
+        self.master.sent_in_flight += 1
+        if remote:
+            self.sent_ahead_remote += 1
+            destinations, handoffs = self.destinations, self.handoffs
+            for tid, worker in remote:
+                told = destinations.get(tid)
+                if told is None:
+                    told = destinations[tid] = set()
+                if where not in told:
+                    told.add(where)
+                    handoffs[worker].append((tid, where))
 
     def hold(self, p: Pending, waits: tuple | None = None) -> None:
         """Hold ``p`` here until every task of its closure has completed: until those of ``waits`` (default: the
@@ -132,22 +161,27 @@ class Dependencies:
         for tid in waits:
             self.waiting[tid].append((p, p.gen))
 
-    def settles_alone(self, eid: int, closure: tuple) -> str | None:
-        """The worker that can release a task of ``eid`` after ``closure`` by itself (A1), or None."""
+    def ahead_to(self, eid: int, closure: tuple) -> tuple[str, list] | None:
+        """Where a task of ``eid`` after ``closure`` goes ahead, and its closure tasks on other workers as
+        (task id, worker) (A1, A9); None if it cannot: a closure task not sent (or from before the table, or before
+        the worker counted), or an executor moving."""
         m = self.master
-        moving = m.moving_executors
-        if eid in moving or len(m.executor_owner) != m.num_executors:
+        moving, owner = m.moving_executors, m.executor_owner
+        if eid in moving or len(owner) != m.num_executors:
             return None
-        where = m.executor_owner[eid]
+        where = owner[eid]
         n, pending, since = m.num_executors, self.pending, self.since
+        remote = []
         for tid in closure:
             if tid == EARLY:
                 return None
             p = pending[tid]
             e = tid % n
-            if p.where != where or e in moving or m.executor_owner[e] != where or tid // n < since:
+            if p.where is None or e in moving or owner[e] != p.where or tid // n < since:
                 return None
-        return where
+            if p.where != where:
+                remote.append((tid, p.where))
+        return where, remote
 
     def route(self, p: Pending) -> None:
         """Send ``p`` the ordinary way, at the current version (A1): a dispatch made now."""
@@ -155,6 +189,7 @@ class Dependencies:
         tid, eid, _, args = p.task
         p.task = (tid, eid, m.version, args)
         p.closure = ()
+        p.remote = False
         eid_moving = eid in m.moving_executors
         m.route(p.task)
         p.where = None if eid_moving else m.executor_owner[eid]
@@ -173,15 +208,13 @@ class Dependencies:
                 if gen != q.gen or q.remaining <= 0 or q.capped:
                     continue
                 closure = tuple(t for t in q.closure if t in self.pending or (t == EARLY and self.early_left))
-                where = self.settles_alone(q.task[1], closure) if closure else None
-                if where is None:
+                placed = self.ahead_to(q.task[1], closure) if closure else None
+                if placed is None:
                     continue
                 qtid, eid, _, args = q.task
-                q.task, q.closure, q.where, q.remaining = (qtid, eid, m.version, args), closure, where, 0
+                q.task, q.closure = (qtid, eid, m.version, args), closure
                 q.gen += 1  # its entries in the waiting lists are stale now
-                self.ahead[where].append((*q.task, closure))
-                self.sent_ahead += 1
-                m.sent_in_flight += 1
+                self.go_ahead(q, *placed)
                 if self.waiting.get(qtid):
                     stack.append(iter(self.waiting[qtid]))
                     break
@@ -189,13 +222,67 @@ class Dependencies:
                 stack.pop()
 
     # -- completions ---------------------------------------------------------------------------------------------
+    def note_written(self, results: list, keys: Any) -> None:
+        """A DONE whose tasks wrote ``keys`` (None: any) came: kept for those whose completion is relayed (A9)."""
+        destinations = self.destinations
+        for tid, _ in results:
+            if tid in destinations:
+                self.written[tid] = keys
+
+    def parks(self, tid: int, result: Any, origin: tuple[str, int] | None = None, again: bool = False) -> bool:
+        """Whether the completion of ``tid`` (from ``origin``: the worker and the number of its DONE message) must
+        wait (then it is parked here): it went ahead with closure tasks on other workers, and one of its closure has
+        not completed yet (A9). Its DONE message does not count as handled meanwhile (A4: its worker still
+        remembers the task, which a task sent ahead there later may name)."""
+        p = self.pending.get(tid)
+        if p is None or not p.remote:
+            return False
+        pending = self.pending
+        for t in p.closure:
+            if t in pending:
+                self.parked[t].append((tid, result, origin))
+                if origin is not None and not again:
+                    counts = self.unsettled[origin[0]]
+                    counts[origin[1]] = counts.get(origin[1], 0) + 1
+                return True
+        return False
+
+    def settled(self, origin: tuple[str, int] | None) -> None:
+        """A parked completion from ``origin`` was handled."""
+        if origin is None:
+            return
+        counts = self.unsettled.get(origin[0])
+        if counts is not None and origin[1] in counts:
+            counts[origin[1]] -= 1
+            if counts[origin[1]] == 0:
+                del counts[origin[1]]
+
+    def handled(self, worker: str, received: int) -> int:
+        """How many of ``worker``'s DONE messages are handled (A4): the ``received`` ones but from the first with a
+        completion still parked on."""
+        counts = self.unsettled.get(worker)
+        return min(received, min(counts) - 1) if counts else received
+
     def completed(self, tid: int) -> None:
-        """``tid`` completed (its DONE handled, the version counted): release what waited for it here."""
+        """``tid`` completed (its DONE handled, the version counted): release what waited for it here, relay it to
+        the workers told to expect its hand-off, and make ready the completions parked for it (A9)."""
         if self.pending.pop(tid, None) is None and self.early_left:
             self.early_left -= 1  # not in the table: one of the tasks from before it
             if self.early_left == 0:
                 self._release(EARLY)
+        told = self.destinations.pop(tid, None)
+        if told:
+            keys = self.written.pop(tid, None)  # None: any key (its DONE came before a destination was told)
+            for worker in told:
+                self.relays[worker].append((tid, keys))
+        parked = self.parked.pop(tid, None)
+        if parked:
+            self.ready.extend(c for c in parked if not self.parks(*c, again=True))
         self._release(tid)
+
+    def take_ready(self) -> list:
+        ready, self.ready = self.ready, []
+        return ready
 
     def _release(self, tid: int) -> None:
         held = self.waiting.pop(tid, None)
@@ -209,9 +296,10 @@ class Dependencies:
                 self._send_now(p)
 
     def _send_now(self, p: Pending) -> None:
-        """A task held here whose closure has completed: a dispatch made now (A1)."""
+        """A task held here whose closure has completed: a dispatch made now (A1); during a checkpoint's pause
+        too if a task sent ahead to another worker waits for it (it came back from there, A9)."""
         m = self.master
-        if m.recovery.paused:
+        if m.recovery.paused and p.task[0] not in self.destinations:
             tid, eid, _, args = p.task
             p.task = (tid, eid, m.version, args)
             m.paused_tasks.append(p.task)
@@ -243,6 +331,7 @@ class Dependencies:
             if m.stealing is not None:
                 m.stealing.done([(tid, None)])
             p.where = None
+            p.remote = False
             p.closure = tuple(t for t in p.closure if t in self.pending or (t == EARLY and self.early_left))
             if p.closure:
                 self.hold(p)
@@ -251,13 +340,24 @@ class Dependencies:
                 p.remaining = 0
                 self._send_now(p)
 
-    def take_ahead(self, worker: str) -> list:
-        return self.ahead.pop(worker, [])
+    def take_ahead(self, worker: str) -> tuple[list, list, list]:
+        """What goes to ``worker`` on its next TASKS: tasks sent ahead, hand-offs to make, completions relayed."""
+        return self.ahead.pop(worker, []), self.handoffs.pop(worker, []), self.relays.pop(worker, [])
+
+    def has_news(self) -> bool:
+        return bool(self.ahead or self.handoffs or self.relays)
 
     def reset(self) -> None:
         """A full recovery: every task of the epoch is forgotten (the restored driver dispatches again)."""
         self.pending.clear()
         self.waiting.clear()
         self.ahead.clear()
+        self.handoffs.clear()
+        self.relays.clear()
+        self.destinations.clear()
+        self.written.clear()
+        self.parked.clear()
+        self.ready.clear()
+        self.unsettled.clear()
         self.since = self.master.next_tid
         self.early_left = 0

@@ -1,5 +1,5 @@
 """Dependent dispatch, the worker's side: tasks the master sent ahead, held until the tasks they wait for have
-been flushed here (docs/design.md, A2-A7; the master's side is :mod:`litz.after`).
+been flushed here (docs/design.md, A2-A9; the master's side is :mod:`litz.after`).
 
 A held task waits for its *closure*: task ids the master knows ran, or will run, on this worker. It is released
 when the last of them has been flushed here (``Worker.flush``: its updates sent to the servers, the local
@@ -9,14 +9,21 @@ from live entries or fetches asked since (A3). The flushes still unacknowledged 
 set: its own DONE waits for theirs (A7). A closure task may have been flushed or reported done before the held
 task arrived; this worker remembers what it flushed until it is acknowledged, and what it reported until the
 master says it has handled those DONE messages (A4).
+
+A closure task of another worker is *handed off*: that worker sends its id and keys once it reported it done, or
+the master relays its completion (A9); its keys are fresh for the held task as an acknowledged flush's are.
 """
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
 ALL = True  # a task's fresh keys: every key (a flush wrote more keys than it names)
 FRESH_VERSION = 1 << 62  # looked up at this version, a cache entry serves only if it is live (the version rule never)
+# Hand-offs kept for tasks not held here (yet): one may cross its task's TASKS. Dropping one costs only the wait for
+# the master's relay of the same completion (A9), so the table is bounded, oldest out first.
+MAX_HANDED = 4096
 
 
 class HeldTasks:
@@ -30,6 +37,8 @@ class HeldTasks:
         self.log: deque[tuple[int, list]] = deque()  # (DONE number, its task ids), to forget them in order
         self.waiting: dict[int, list] = {}  # task id not yet done here -> the held tasks that wait for it
         self.held: dict[int, Any] = {}  # held task id -> Task
+        self.handed: dict[int, Any] = {}  # task id of another worker handed off here -> its keys, until relayed (A9)
+        self.handoff_to: dict[int, list[str]] = {}  # task id here -> workers to hand it off to once done (A9)
 
     def arrive(self, task: Any, closure: tuple) -> bool:
         """A task sent ahead has arrived: True if its closure is done already (release it now), else it is held."""
@@ -38,6 +47,8 @@ class HeldTasks:
         for tid in closure:
             if tid in acked:
                 add_fresh(task, acked[tid])
+            elif tid in self.handed:
+                add_fresh(task, self.handed[tid])
             elif tid in inflight:
                 written, fid = inflight[tid]
                 add_fresh(task, written)
@@ -72,6 +83,43 @@ class HeldTasks:
             self.inflight.pop(tid, None)
             self._done_for(tid, written, None, released)
         return released
+
+    def news(self, tid: int, relayed: bool) -> bool:
+        """Whether a hand-off of another worker's task ``tid`` tells something new: not a repeat, nor the master's
+        relay of a direct hand-off that came first (then the relay ends its memory here, A9)."""
+        handed = self.handed
+        if relayed:
+            return handed.pop(tid, handed) is handed
+        return tid not in handed
+
+    def handed_off(self, tid: int, written: Any, relayed: bool) -> list:
+        """Another worker's task ``tid``, which wrote ``written`` (a list, or None: any), is reported done there: by
+        its worker (``relayed`` False; kept until the relay) or by the master (True). The held tasks it was the
+        last for, to release."""
+        if not relayed:
+            handed = self.handed
+            if len(handed) >= MAX_HANDED:
+                del handed[next(iter(handed))]
+            handed[tid] = written
+        released: list = []
+        self._done_for(tid, written, None, released)
+        return released
+
+    def hand_off(self, tids: list, written: Any) -> dict[str, list]:
+        """``tids``, which wrote ``written``, are reported done here: the hand-offs they owe, by destination."""
+        out: dict[str, list] = {}
+        handoff_to = self.handoff_to
+        for tid in tids:
+            for dest in handoff_to.pop(tid, ()):
+                out.setdefault(dest, []).append((tid, written))
+        return out
+
+    def drop_handoffs(self, tids: Iterable[int]) -> None:
+        """``tids`` leave this worker unfinished (with their executor, or back to the master): their hand-offs are
+        the master's relays' to make (A9)."""
+        handoff_to = self.handoff_to
+        for tid in tids:
+            handoff_to.pop(tid, None)
 
     def numbered(self, results: list) -> None:
         """A DONE message with ``results`` ((task id, result) pairs) left: the master counts messages (A4)."""

@@ -202,7 +202,7 @@ class Master(Process):
         self.sent_in_flight = 0  # dispatched tasks handed to workers and not completed
         self.paused_tasks: list[tuple] = []  # dispatched while a checkpoint holds dispatch
         self.paused_after: dict[int, tuple] = {}  # task id of a paused task -> the closure it waits for (after=)
-        self.after: Dependencies | None = None  # made at the driver's first after= (docs/design.md, A1-A7)
+        self.after: Dependencies | None = None  # made at the driver's first after= (docs/design.md, A1-A9)
         self.done_seen: dict[str, int] = defaultdict(int)  # worker -> DONE messages handled this epoch (A4)
         self.faults: list[tuple[float, str, int]] = []  # (when, process id, signal) from litzctl kill
         store = CheckpointStore(checkpoint_dir, checkpoint_keep) if checkpoint_dir else None
@@ -624,9 +624,11 @@ class Master(Process):
                 self.executor_costs.add(timing[3])
                 per_executor = timing[3]
             self.note_writes(sender, msg[2])  # before the driver dispatches anything behind these completions
+            if self.after is not None and self.after.destinations:
+                self.after.note_written(msg[1], msg[2])
             if self.memsched is not None:
                 self.memsched.done(msg[1])
-            self.on_done(msg[1], per_executor)
+            self.on_done(msg[1], per_executor, (sender, self.done_seen[sender]))
         elif tag == P.STATS:
             member = self.workers.get(sender) or self.servers.get(sender)
             if member is not None:
@@ -719,22 +721,33 @@ class Master(Process):
             if not self.recovery.paused:
                 self.rebalance("scale_out", [ident])
 
-    def on_done(self, results: list, per_executor: dict | None = None) -> None:
-        """``per_executor``: the DONE's timing per executor, whose first field counts its completions here."""
+    def on_done(self, results: list, per_executor: dict | None = None, origin: tuple[str, int] | None = None) -> None:
+        """``per_executor``: the DONE's timing per executor, whose first field counts its completions here;
+        ``origin``: the worker and the number of its DONE message (A4, A9)."""
         driver = self.driver
         if self.stealing is not None:
             self.stealing.done(results, per_executor)
+        after = self.after
         with app_code("driver handle_task_completion"):  # once for the batch: this runs for every task
             for tid, result in results:
-                if self.finished:
-                    return
-                self.in_flight -= 1
-                self.sent_in_flight -= 1
-                self.tasks_completed += 1
-                self.version += 1
-                if self.after is not None:
-                    self.after.completed(tid)
-                driver.handle_task_completion(result)
+                if after is not None and after.parks(tid, result, origin):
+                    continue  # a closure task on another worker has not completed yet: it comes first (A9)
+                ready = [(tid, result, None)]
+                while ready:
+                    tid, result, parked_from = ready.pop()
+                    if self.finished:
+                        return
+                    if parked_from is not None:
+                        after.settled(parked_from)
+                    self.in_flight -= 1
+                    self.sent_in_flight -= 1
+                    self.tasks_completed += 1
+                    self.version += 1
+                    if after is not None:
+                        after.completed(tid)
+                        if after.ready:  # completions parked for this one, in the order they came
+                            ready.extend(reversed(after.take_ready()))
+                    driver.handle_task_completion(result)
 
     def on_partial_recovery(self, info: dict) -> bool | None:
         with app_code("driver handle_partial_recovery"):
@@ -777,18 +790,19 @@ class Master(Process):
     def flush_outbox_after(self) -> None:
         """flush_outbox once the driver has used after=: TASKS also carry the DONE count (A4) and the tasks sent
         ahead, with their closures (A1)."""
-        ahead = self.after.ahead
-        if not self.outbox and not ahead:
+        after = self.after
+        if not self.outbox and not after.has_news():
             return
         out, self.outbox = self.outbox, defaultdict(list)
         foreign = self.foreign_writes
-        for worker in list(dict.fromkeys([*out, *ahead])):
-            tasks, early = out.get(worker, []), self.after.take_ahead(worker)
+        for worker in list(dict.fromkeys([*out, *after.ahead, *after.handoffs, *after.relays])):
+            tasks, (early, handoffs, relayed) = out.get(worker, []), after.take_ahead(worker)
             if self.stealing is not None:
                 self.stealing.sent(tasks + early)
             written = foreign.pop(worker, ())
-            self.send(worker, (P.TASKS, tasks, None if written is None else list(written), self.done_seen[worker],
-                               early))
+            seen = after.handled(worker, self.done_seen[worker])  # A4 (a DONE with a completion parked: not yet, A9)
+            msg = (P.TASKS, tasks, None if written is None else list(written), seen, early)
+            self.send(worker, (*msg, handoffs, relayed) if handoffs or relayed else msg)
         if self.memsched is not None and self.memsched.hints:
             self.send_prefetch_hints()
 

@@ -20,7 +20,8 @@ import numpy as np
 # parameters for the driver.
 # 3: TASKS from the master carry the count of the worker's DONEs it handled and the tasks sent ahead (after=);
 # DONE's timing also carries each executor's running time; PREFETCH (master -> worker).
-VERSION = 3
+# 4: TASKS may carry hand-offs to make and completions relayed; HANDOFF (worker -> worker) (after= across workers).
+VERSION = 4
 
 HELLO = "hello"        # worker/server -> master: (HELLO, VERSION, role, info: address, a worker's app_tokens)
 REFUSED = "refused"    # master -> worker/server: (REFUSED, why) its HELLO was refused; it exits with that line
@@ -29,7 +30,11 @@ SHARDS = "shards"      # master -> worker/server: (SHARDS, num_shards, owners, m
 CREATE = "create"      # master -> worker: (CREATE, [eid, ...])
 READY = "ready"        # worker -> master: (READY, [eid, ...])
 TASKS = "tasks"        # master -> worker: (TASKS, [(task_id, eid, version, args), ...], written keys or None
-                       #   [, DONEs of this worker handled, [(task_id, eid, version, args, closure), ...] sent ahead])
+                       #   [, DONEs of this worker handled, [(task_id, eid, version, args, closure), ...] sent ahead
+                       #   [, [(task_id, worker), ...] hand these off to those workers once reported done,
+                       #   [(task_id, written keys or None), ...] completed, which tasks sent ahead here wait for]])
+HANDOFF = "handoff"    # worker -> worker: (HANDOFF, [(task_id, written keys or None), ...]) reported done here, and
+                       #   the master said a task sent ahead to the receiver waits for it (docs/design.md, A9)
 DONE = "done"          # worker -> master: (DONE, [(task_id, result), ...], written keys,
                        #   (tasks, wall s, cpu s, {eid: (tasks, ran s, cpu s)}))
 HELD_BACK = "held_back"  # worker -> master: (HELD_BACK, [task_id, ...]) sent ahead, back: their executor moves
@@ -122,7 +127,8 @@ SHAPES: dict[str, dict[str, tuple]] = {
         **_LIFECYCLE, **_TO_BOTH,
         # from the master with its invalidations (and, once the driver used after=, A4's count and the tasks sent
         # ahead), or forwarded by a worker with the tasks alone
-        TASKS: _shape(list, (list, type(None)), _INT, list, optional=3),
+        TASKS: _shape(list, (list, type(None)), _INT, list, list, list, optional=5),
+        HANDOFF: _shape(list),
         VALUES: _shape(list, bool, optional=1), ACK: _shape(_INT, _INT, list, bool, optional=1),
         APP: _shape((bytes, type(None)), str, dict, _INT, master=True), CREATE: _shape(_SEQ, master=True),
         MOVE_EXECUTOR: _shape(_INT, str, bool, bool, master=True), EXECUTOR: _shape(_INT, object, list, bool, bool),

@@ -277,6 +277,7 @@ class Worker(Process):
         self.held = HeldTasks()  # tasks sent ahead (after=), waiting for tasks to be reported done here (A2)
         # completions whose flushes are acknowledged, for the master: one DONE message per read (A4)
         self.done_out: list[tuple] = []
+        self.handoffs_out: dict[str, list] = defaultdict(list)  # worker -> (task id, keys) it waits for (A9)
         # the local hand-off (docs/design.md, A2, A3, A7): tasks released while a flush of their closure is
         # unacknowledged, those of them waiting for the acknowledgements to read, and acknowledged flushes
         # whose DONE waits for an earlier flush's: flush id -> (those flushes, results, keys written, tasks)
@@ -378,9 +379,11 @@ class Worker(Process):
             for eid in to_load:  # after every task of the message counts: a load must not evict their executors
                 self.prefetch(eid)
             if len(msg) > 3 and live_ok:
-                self.take_ahead(msg[4], msg[3], gen)
+                self.take_ahead(msg[4], msg[3], gen, *msg[5:7])
             if strays:  # the batch's other tasks run: only these are dropped
                 raise BadMessage("tasks for executors that were never here", f"executors {strays[:5]!r:.60}")
+        elif tag == P.HANDOFF:
+            self.handed_off(msg[1], relayed=False)
         elif tag == P.VALUES:
             self.on_values(None if len(msg) > 2 else sender, msg[1])  # None: forwarded, never live
         elif tag == P.ACK:
@@ -430,23 +433,62 @@ class Worker(Process):
     def fail(self, where: str, text: str) -> None:
         self.send("master", (P.FAIL, where, text))
 
-    # -- tasks sent ahead (after=; docs/design.md, A2-A7; litz/held.py) ------------------------------------------
-    def take_ahead(self, tasks: list, seen: int, gen: int) -> None:
-        """Tasks the master sent ahead with their closures: held until those are reported done here. Then forget
-        the tasks the master has seen done (after: a task of this message may name one)."""
+    # -- tasks sent ahead (after=; docs/design.md, A2-A9; litz/held.py) ------------------------------------------
+    def take_ahead(self, tasks: list, seen: int, gen: int, handoffs: list = (), relayed: list = ()) -> None:
+        """Tasks the master sent ahead with their closures: held until those are reported done here or handed off
+        (A9). Then the hand-offs this worker owes and the completions the master relays. Then forget the tasks the
+        master has seen done (last: a task or a hand-off of this message may name one)."""
         for tid, eid, version, args, closure in tasks:
             if eid not in self.executors and eid not in self.residency.spilled:
                 raise BadMessage("a task sent ahead for an executor that is not here", f"executor {eid!r:.20}")
             task = Task(tid, eid, version, args, gen, live_ok=True)
             if self.held.arrive(task, tuple(closure)):  # held, it pins nothing: its executor may be spilled
                 self.release(task)
+        if handoffs:
+            self.owe_handoffs(handoffs)
+        if relayed:
+            self.handed_off(relayed, relayed=True)
         self.held.forget(seen)
+
+    def owe_handoffs(self, items: list) -> None:
+        """The master says a task sent ahead to ``dest`` waits for ``tid``, a task here: hand it off once it is
+        reported done (now, if it is). A task no longer here (its executor left) is the master's relay's (A9)."""
+        held, n = self.held, self.num_executors
+        out: dict[str, list] = {}
+        for tid, dest in items:
+            if type(tid) is not int or type(dest) is not str:
+                raise BadMessage("TASKS with a hand-off that is not (task id, worker)", f"{tid!r:.20}")
+            if tid in held.acked:
+                out.setdefault(dest, []).append((tid, held.acked[tid]))
+            else:
+                eid = tid % n
+                if (eid in self.executors or eid in self.residency.spilled) and eid not in self.moving:
+                    held.handoff_to.setdefault(tid, []).append(dest)
+        for dest, done in out.items():
+            self.send(dest, (P.HANDOFF, done))
+
+    def handed_off(self, items: list, relayed: bool) -> None:
+        """Tasks of other workers are reported done (A9): their keys are invalidated here before anything else
+        (no entry fetched or asked for before is live after), then the held tasks they were the last for start."""
+        held = self.held
+        for item in items:
+            if type(item) not in (tuple, list) or len(item) != 2 or type(item[0]) is not int:
+                raise BadMessage("a hand-off that is not (task id, keys)", f"{item!r:.40}")
+            tid, written = item
+            if written is not None and type(written) not in (list, tuple):
+                raise BadMessage("a hand-off whose keys are not a list", f"{type(written).__name__}")
+            if not held.news(tid, relayed):
+                continue
+            self.cache.invalidate(written)
+            for task in held.handed_off(tid, written, relayed):
+                self.release(task)
 
     def release(self, task: Task) -> None:
         """A held task's closure is done here: it may run (its executor moving: the master's, A5)."""
         task.release_rid = self.next_rid
         eid = task.eid
         if eid in self.moving or (eid not in self.executors and eid not in self.residency.spilled):
+            self.held.drop_handoffs((task.tid,))
             self.send("master", (P.HELD_BACK, [task.tid]))
             return
         if task.early:  # handed off before the closure's flushes were all acknowledged (A2, A3)
@@ -478,6 +520,7 @@ class Worker(Process):
                     gone.add(task.tid)
                     changed = True
         if back:
+            held.drop_handoffs(back)
             self.send("master", (P.HELD_BACK, sorted(back)))
         return travel
 
@@ -754,6 +797,8 @@ class Worker(Process):
         if queued:
             self.runnable = deque(t for t in self.runnable if not (t.eid == eid and t.glet is None))
         self.pending[eid] -= len(queued)
+        if self.held.handoff_to:
+            self.held.drop_handoffs(t.tid for t in queued)
         if self.held.held or any(t.fresh is not None for t in queued):
             queued = self.give_back(eid, queued)
         self.moving[eid] = (dest, with_input, copied, [(t.tid, t.eid, t.version, t.args) for t in queued])
@@ -837,6 +882,7 @@ class Worker(Process):
         self.load_queue.clear()
         self.held = HeldTasks()
         self.done_out.clear()
+        self.handoffs_out.clear()
         self.early_tasks.clear()
         self.awaiting_acks.clear()
         self.parked.clear()
@@ -1196,13 +1242,21 @@ class Worker(Process):
         are released."""
         held = self.held
         if held.recording:
-            for task in held.sent_done([tid for tid, _ in results], written):  # A2
+            tids = [tid for tid, _ in results]
+            for task in held.sent_done(tids, written):  # A2
                 self.release(task)
+            if held.handoff_to:  # tasks sent ahead to other workers wait for some of these (A9)
+                for dest, done in held.hand_off(tids, written).items():
+                    self.handoffs_out[dest].extend(done)
         self.done_out.append((results, written, tasks))
 
     def send_done_out(self) -> None:
         """The completions queued since the last DONE leave as one message: acknowledgements come in batches
         (one read brings several), and one message wakes the master once and carries one timing."""
+        if self.handoffs_out:  # first: what waits for them waits on no one else
+            handoffs, self.handoffs_out = self.handoffs_out, defaultdict(list)
+            for dest, done in handoffs.items():
+                self.send(dest, (P.HANDOFF, done))
         if not self.done_out:
             return
         out, self.done_out = self.done_out, []

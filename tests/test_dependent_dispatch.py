@@ -1,7 +1,8 @@
-"""Dependent dispatch (``dispatch_task(..., after=)``, docs/design.md A1-A7): tasks sent ahead see their
+"""Dependent dispatch (``dispatch_task(..., after=)``, docs/design.md A1-A9): tasks sent ahead see their
 predecessors' updates, end to end and in simulated schedules with every elastic event, and the simulator catches a
 worker that releases a held task before its predecessors ran, that hands a task off early without its predecessors'
-in-flight updates or with acknowledged ones twice, or that reports a dependent done before its predecessors."""
+in-flight updates or with acknowledged ones twice, that reports a dependent done before its predecessors, that keeps
+stale entries across a hand-off from another worker, or a master that takes completions out of dependency order."""
 from __future__ import annotations
 
 import dataclasses
@@ -113,7 +114,7 @@ def test_a_planted_stale_version_is_caught(monkeypatch):
         p.where = None
 
     monkeypatch.setattr(after.Dependencies, "route", stale)
-    monkeypatch.setattr(after.Dependencies, "settles_alone", lambda self, eid, closure: None)  # always held here
+    monkeypatch.setattr(after.Dependencies, "ahead_to", lambda self, eid, closure: None)  # always held here
     caught = [s for s in SEEDS if run_schedule(s, EVENTS, after_plan(s)).violations]
     assert caught, "no schedule caught a dependent sent at its dispatch version"
 
@@ -122,15 +123,47 @@ def test_a_planted_stale_version_is_caught(monkeypatch):
 def test_chains_sent_ahead_through_litz_run():
     """Through litz.run, 4 executors on 2 workers (even placement: 0, 1 on one, 2, 3 on the other): each step reads
     exactly the steps before it. Chains on the executors of one worker start most steps there without the master
-    in between; chains over all four also wait at the master, for the steps that cross workers."""
+    in between; chains over all four go ahead as well, the steps whose predecessor ran on the other worker handed
+    off from worker to worker (A9)."""
     run = {"workers": 2, "servers": 1, "executors": 4, "placement": "even", "steal": False}
     same = litz.run(app_path("after_chain"), **run, config={"chains": 2, "steps": 80, "ahead": 2, "span": 2})
     assert same["violations"] == [] and same["tasks"] == 160
     assert same["released"] >= 120, same["released"]  # all but the first few (sent before the first after=)
     assert same["early"] >= 1, same  # handed off before the predecessor's flush was acknowledged (A2, A3)
+    assert same["remote"] == 0, same
     cross = litz.run(app_path("after_chain"), **run, config={"chains": 2, "steps": 80, "ahead": 3, "span": 4})
     assert cross["violations"] == [] and cross["tasks"] == 160
-    assert cross["released"] < same["released"]
+    assert cross["released"] >= 120, cross["released"]
+    assert cross["remote"] >= 60, cross  # half the steps follow one on the other worker
+
+
+@pytest.mark.timeout(240)
+def test_a_planted_hand_off_that_keeps_stale_entries_is_caught(monkeypatch):
+    """A worker that releases a task on another worker's hand-off without invalidating the keys handed off (A9):
+    an entry fetched before the predecessor's flush still serves, and a read misses its update."""
+    handed_off = worker.Worker.handed_off
+
+    def keeps_entries(self, items, relayed):
+        invalidate, self.cache.invalidate = self.cache.invalidate, lambda keys: None
+        try:
+            handed_off(self, items, relayed)
+        finally:
+            self.cache.invalidate = invalidate
+
+    monkeypatch.setattr(worker.Worker, "handed_off", keeps_entries)
+    caught = caught_with_after()
+    assert len(caught) >= 8, caught
+
+
+@pytest.mark.timeout(240)
+def test_a_planted_master_that_takes_completions_in_arrival_order_is_caught(monkeypatch):
+    """A master that handles a completion as it arrives, although a task of its closure on another worker has not
+    completed (A9): the two workers' DONEs cross, and the driver sees a task done before one it waited for."""
+    from litz import after
+
+    monkeypatch.setattr(after.Dependencies, "parks", lambda self, tid, result: False)
+    caught = caught_with_after()
+    assert len(caught) >= 2, caught
 
 
 @pytest.mark.timeout(60)

@@ -291,6 +291,9 @@ def test_a_handler_failure_drops_the_message_and_is_never_an_application_error(t
         worker.install(0, {})
         worker.handle_message("w9", (P.TASKS, [(1, 99, 0, None), (2, 0, 0, None)]))  # forwarded; 99 never here
         assert [t.tid for t in worker.runnable] == [2]  # the rest of the batch runs
+        worker.handle_message("w9", (P.HANDOFF, [(3, ["k"]), ("x", None)]))  # a hand-off: (task id, keys)
+        worker.handle_message("w9", (P.HANDOFF, [(4, "k")]))  # keys that are not a list (said once a while: above)
+        assert worker.held.handed == {3: ["k"]}  # the good item before the bad one counted, as in any batch
         worker.handle_message("master", (P.MOVE_EXECUTOR, 5, "w1", False, False))
         worker.handle_message("master", (P.COPY_INPUT, 5, "w1"))
         server.handle_message("w9", (P.GETS, [("no shard",)]))
@@ -307,7 +310,8 @@ def test_a_handler_failure_drops_the_message_and_is_never_an_application_error(t
                      "from w9: gets that could not be handled", "from w9: updates that could not be handled",
                      "from w9: done that could not be handled: BadMessage: DONE with a result that is not a",
                      "from w8: done that could not be handled: BadMessage: DONE with a timing that is not",
-                     "from w9: moved that could not be handled: IndexError"):
+                     "from w9: moved that could not be handled: IndexError",
+                     "from w9: handoff that could not be handled: BadMessage: a hand-off that is not (task id, keys)"):
             assert text in err, (text, err)
         assert " at worker.py:" in err  # where it failed: a handler's failure may also be a bug in Litz
         # an application error still stops the job as one: the master raises it, a worker reports it to the master

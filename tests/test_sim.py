@@ -213,11 +213,13 @@ REPLAYS = {
 }
 
 
-# Found once registry outages were events (the plans of these events, as drawn now).
+# Found once registry outages were events (the plans of these events, as drawn now; 1309 later, with after=).
 REGISTRY_REPLAYS = {
     (30, "registry,scale"): "R1: a get to a server the registry could not name (down) was dropped (hang)",
     (156, "registry,scale"): "R3: members missing from a registry just back empty were taken for lost",
     (1565, EVENTS): "R3: a server started after a reset dropped an answer to a worker not yet registered again",
+    (1309, EVENTS): "A9: a DONE with a completion parked at the master counted as handled (A4); its worker forgot "
+                    "the task, and a task sent ahead there later waited for it (hang)",
 }
 
 

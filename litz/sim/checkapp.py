@@ -13,7 +13,8 @@ and how many tasks that write it were dispatched at all, so every read is checke
 With ``after`` in the config (and no SSP) each executor's next round is dispatched ahead, before its previous
 round completes, with ``after=`` naming that round and the latest task of the next executor (docs/design.md,
 "Dependent dispatch"): its lower bound then also counts the writes of its closure, the tasks it waits for that
-had not completed at its dispatch (those named and, transitively, theirs).
+had not completed at its dispatch (those named and, transitively, theirs), and each completion must come after
+those of its closure.
 
 Under SSP a task of iteration ``i`` must also see every write of iterations ``<= i - s - 1`` and none of
 iterations ``>= i + s + 1`` (the SSP bound), counted from the plan itself, not from the dispatch
@@ -157,7 +158,10 @@ class CheckDriver(litz.Driver):
             self.completed[k] += 1
         self.done[e] += 1
         if self.ssp is None and self.after:
-            self.pending.pop(self.tid_of.pop((e, r), None), None)
+            _, closure = self.pending.pop(self.tid_of.pop((e, r), None), ((), ()))
+            first = [t for t in closure if t in self.pending]
+            if first:  # the master must see a completion after those of the tasks it read from (A7, A9)
+                checks.violation(f"order: executor {e} round {r} completed before task(s) {first} it waited for")
         if sum(self.done) % 3 == 0:
             self.driver_read([k for k, _ in reads], f"after executor {e} round {r}")
         if self.ssp is not None:

@@ -23,7 +23,8 @@ from .world import InlinePool, SimEndpoint, SimKV, SimProcess, World
 EVENTS = ("scale", "drain", "kill", "checkpoint", "memory", "registry")
 EVENTS_BEFORE_REGISTRY = EVENTS[:5]  # the kinds the plans of the recorded bug replays were drawn from
 # what the events led to, counted from the job's events
-OUTCOMES = ("recovery", "partial_recovery", "evict", "rebalance", "steal", "choice", "prefetch")
+OUTCOMES = ("recovery", "partial_recovery", "evict", "rebalance", "steal", "choice", "prefetch", "ahead",
+            "ahead_remote")
 JOB = "sim"
 SECRET = "sim"  # the job secret of every simulated process (sim:// carries no keys; requests are signed with it)
 TIME_LIMIT_S = 900.0  # simulated: a schedule still running by then has hung
@@ -100,7 +101,7 @@ def plan(seed: int, allowed: tuple[str, ...], placement: str | None = None) -> P
     p.partial_recovery = checkpoints and rng.random() < 0.3
     p.staleness = rng.choice([None, None, 0, 1, 2])
     p.placement = rng.choice(["even", "speed"]) if placement is None else placement
-    p.after = p.staleness is None and rng.random() < 0.4  # one schedule in five: docs/design.md, A1-A7
+    p.after = p.staleness is None and rng.random() < 0.4  # one schedule in five: docs/design.md, A1-A9
     p.choose = p.staleness is None and not p.after and rng.random() < 0.5  # O1-O3; not with after=
     return p
 
@@ -346,6 +347,9 @@ class Schedule:
             if self.master.memsched is not None:  # the runtime's choices of executor, and the hints they sent (O3)
                 self.events["choice"] += self.master.memsched.choices
                 self.events["prefetch"] += self.master.memsched.hints_sent
+            if self.master.after is not None:  # tasks sent ahead (after=), and of them across workers (A1, A9)
+                self.events["ahead"] += self.master.after.sent_ahead
+                self.events["ahead_remote"] += self.master.after.sent_ahead_remote
             if not self.events["kill"] and (self.events["recovery"] or self.events["partial_recovery"]):
                 # only a kill loses a process here: an outage, a reset or a move must cost no member (R1-R3)
                 why = [e.get("noticed") for e in self.master.joblog.events if e["kind"] == "recovery"]

@@ -6,7 +6,8 @@ every earlier step's update visible, although step t was dispatched before step 
 are kept dispatched beyond the one running, each after the one before). Each task also reports whether it was
 released on its worker from a held state (it ran with fresh keys: the path without the master), and whether it started
 before its predecessor's flush was acknowledged (handed off early: it read the update from its worker's in-flight
-flush), so a test can see both paths were taken.
+flush), and the driver counts the steps sent ahead with a predecessor on another worker (handed off from worker to
+worker), so a test can see every path was taken.
 """
 import litz
 
@@ -39,8 +40,9 @@ class AfterChains(litz.Driver):
         self.done[c] += 1
         self._send(c)
         if all(d == self.steps for d in self.done):
+            after = self._litz.after  # runtime internals (the master's table of pending tasks): tests only
             self.finish({"violations": self.violations, "released": self.released, "early": self.early,
-                         "tasks": self.chains * self.steps})
+                         "tasks": self.chains * self.steps, "remote": after.sent_ahead_remote if after else 0})
 
 
 class AfterChainExecutor(litz.Executor):

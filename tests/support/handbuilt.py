@@ -42,7 +42,7 @@ def bare_worker(ident: str = "w0", spill_root: str | None = None):
     w.fail = lambda where, text: w.sent.append(("fail", where, text))
     w.cache, w.flushing, w.fetches, w.fetch_by_key, w.runnable = ParamCache(), {}, {}, {}, deque()
     w.resent_fids, w.unsettled = {}, {}
-    w.held, w.done_out = HeldTasks(), []  # no task sent ahead (after=)
+    w.held, w.done_out, w.handoffs_out = HeldTasks(), [], defaultdict(list)  # no task sent ahead (after=)
     w.early_tasks, w.awaiting_acks, w.parked = set(), set(), {}
     w.measure = SpeedMeasure(schedstat=False)  # the speed measure DONE carries: no schedstat, nothing held yet
     w.executors, w.lost_servers, w.gen = {}, set(), 0
