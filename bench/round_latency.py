@@ -16,10 +16,12 @@ back on its next task's result. For a round from task A to task B:
 * ``result``: the completion sent -> the master has it (``DONE``);
 * ``dispatch``: the master has A's completion -> B's ``TASKS`` leave it (the driver's handler in between);
 * ``deliver``: B's ``TASKS`` leave the master -> B's worker has them;
-* ``release``: with ``after=`` (B sent ahead, held on its worker; same worker only, across workers the master
-  holds B and the parts above apply): A's flush sent -> B may start. The worker hands B off as A's flush leaves
-  (docs/design.md, A2), and B reads A's update from the worker's in-flight flush; it replaces ``ack``, which is then
-  off the path (``handed_off``: the share of rounds in which B was released before A's acknowledgement);
+* ``release``: with ``after=`` (B sent ahead, held on its worker), on one worker: A's flush sent -> B may start.
+  The worker hands B off as A's flush leaves (docs/design.md, A2), and B reads A's update from the worker's
+  in-flight flush; it replaces ``ack``, which is then off the path (``handed_off``: the share of rounds in which B
+  was released before A's acknowledgement). Across workers (A9) A's worker hands A off to B's worker once every
+  server acknowledged A's flush, with no message through the master: ``ack`` as above, then ``handoff`` (A's
+  acknowledgement -> B's worker has the hand-off) and ``release`` (-> B may start);
 * ``start``: B may start -> its ``run_task`` begins;
 * ``fetch``: ``run_task`` begins -> ``ps_get`` returned A's update (from the cache, or a round trip to the server).
 
@@ -92,6 +94,9 @@ def install_trace() -> types.ModuleType:
             note("deliver", [t[0] for t in msg[1]] + [t[0] for t in (msg[4] if len(msg) > 4 else ())])
 
     wrap(w.Worker, "handle", on_handle)
+    if hasattr(w.Worker, "handed_off"):  # across workers: another worker's task reported done (A9)
+        wrap(w.Worker, "handed_off", lambda self, items, relayed: note("relayed" if relayed else "handoff",
+                                                                       [item[0] for item in items]))
     wrap(w.Worker, "flush", lambda self: note("flush", [tid for tid, _ in self.completed]))
     wrap(w.Worker, "send_done", lambda self, results, *a: note("ack", [tid for tid, _ in results]))
     if hasattr(w.Worker, "release"):  # a task sent ahead may start (its closure is done here)
@@ -146,7 +151,10 @@ def analyse(result: dict, trace: types.ModuleType) -> dict:
                 continue
             step = {"flush": a["flush"] - a["end"], "ack": a["ack"] - a["flush"]}
             released = b.get("release")
-            if result["ahead"] and released is not None:
+            if result["ahead"] and released is not None and "handoff" in a and a["ack"] <= a["handoff"] <= released:
+                step.update(handoff=a["handoff"] - a["ack"], release=released - a["handoff"])  # across workers
+                ready = max(released, b.get("deliver", released))
+            elif result["ahead"] and released is not None:
                 del step["ack"]  # handed off at the flush, or released at the acknowledgement: in ``release``
                 step["release"] = released - a["flush"]
                 step["handed_off"] = float(released < a["ack"])
@@ -280,8 +288,8 @@ def main() -> int:
     for mode in modes:
         summary[mode] = {}
         for ph in PAIRS:
-            parts = runs[mode][0][ph].keys()
-            summary[mode][ph] = {p: statistics.median(r[ph][p] for r in runs[mode]) for p in parts}
+            parts = dict.fromkeys(p for r in runs[mode] for p in r[ph])  # a part some runs lack: over those with it
+            summary[mode][ph] = {p: statistics.median(r[ph][p] for r in runs[mode] if p in r[ph]) for p in parts}
             summary[mode][ph]["vs_raw"] = summary[mode][ph]["round"] / rtt["unix"]
             summary[mode][ph]["vs_zmq"] = summary[mode][ph]["round"] / rtt["zmq"]
     best = summary[modes[-1]]
@@ -294,8 +302,8 @@ def main() -> int:
     for mode in modes:
         for ph in PAIRS:
             s = summary[mode][ph]
-            detail = ", ".join(f"{p} {s[p]:.0f}" for p in ("flush", "ack", "result", "dispatch", "deliver",
-                                                          "release", "start", "fetch") if p in s)
+            detail = ", ".join(f"{p} {s[p]:.0f}" for p in ("flush", "ack", "handoff", "result", "dispatch",
+                                                          "deliver", "release", "start", "fetch") if p in s)
             if "handed_off" in s:
                 detail += f"; handed off early in {s['handed_off']:.0%} of rounds"
             print(f"{mode:10s} {ph:5s}: round {s['round']:.0f} us = {s['vs_raw']:.2f}x raw, quickest tenth "
