@@ -58,7 +58,9 @@ class Dependencies:
         self.handoffs: dict[str, list] = defaultdict(list)  # worker -> (task id, destination): hand it off (A9)
         self.relays: dict[str, list] = defaultdict(list)  # worker -> (task id, keys) completed, it may wait (A9)
         self.written: dict[int, Any] = {}  # task id with destinations, reported done -> the keys its DONE names
-        self.destinations: dict[int, set[str]] = {}  # task id -> workers told to expect its hand-off (A9)
+        # task id -> workers told to expect its hand-off (A9); a dict, not a set: the relays go out in this order,
+        # which a set of strings would leave to the hash seed (a simulated schedule must replay exactly)
+        self.destinations: dict[int, dict[str, None]] = {}
         self.parked: dict[int, list] = defaultdict(list)  # task id -> completions waiting for it (A9)
         self.ready: list = []  # parked completions whose closure has completed: the master handles them next
         # worker -> {number of its DONE message: completions of it parked}: not handled yet, for A4's count (A9)
@@ -145,9 +147,9 @@ class Dependencies:
             for tid, worker in remote:
                 told = destinations.get(tid)
                 if told is None:
-                    told = destinations[tid] = set()
+                    told = destinations[tid] = {}
                 if where not in told:
-                    told.add(where)
+                    told[where] = None
                     handoffs[worker].append((tid, where))
 
     def hold(self, p: Pending, waits: tuple | None = None) -> None:

@@ -171,6 +171,27 @@ def test_killed_worker_and_server_are_noticed_by_their_connections_and_recovered
 
 
 @pytest.mark.timeout(150)
+def test_steps_handed_off_between_workers_over_curve_survive_a_killed_worker(etcd, tmp_path):
+    """Cluster mode (etcd, ZeroMQ with CURVE): chains whose steps go ahead with after= the step before, handed off
+    from worker to worker (docs/design.md, A9), and a worker killed mid-job: the recovery forgets what was held
+    and owed, and the restored driver's chains still read every step before them."""
+    e, name, out = etcd.endpoint, "cluster-after", tmp_path / "out.json"
+    with Processes() as procs:
+        workers = [procs.start(role("worker", e, name)) for _ in range(3)]
+        procs.start(role("server", e, name))
+        master = procs.start(master_args(e, name, "--min-workers", "3", "--output", str(out), "--checkpoint-dir",
+                                         str(tmp_path / "ckpt"), "--checkpoint-every", "0.3", "--config", "ahead=3"))
+        wait_for(lambda: (s := status(name, e)) and s["checkpoints"] >= 1 and s, 60, "a checkpoint")
+        os.kill(workers[2].pid, signal.SIGKILL)
+        stdout, stderr = master.communicate(timeout=120)
+        assert master.returncode == 0, stderr
+    result = json.loads(stdout)
+    check_result(result, steps=STEPS_LONG)
+    assert result["remote"] > 0  # steps sent ahead with a predecessor on another worker
+    assert [ev["kind"] for ev in json.loads(out.read_text())["events"]].count("recovery") == 1
+
+
+@pytest.mark.timeout(150)
 def test_a_worker_restarted_under_its_id_at_a_new_address_is_answered_there(etcd, tmp_path):
     """A container that restarts in its pod or compose service keeps its --id but listens on a new port. The
     server and the other worker had connections to the old address; messages sent there are never read."""

@@ -6,6 +6,7 @@ stale entries across a hand-off from another worker, or a master that takes comp
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -13,7 +14,8 @@ import litz
 from litz import held, worker
 from litz.sim import run_schedule
 from litz.sim.schedule import EVENTS, plan
-from tests.support.processes import app_path
+from tests.support.chains import check_result
+from tests.support.processes import Processes, app_path, ctl, status, wait_for
 
 SEEDS = range(40)
 
@@ -164,6 +166,32 @@ def test_a_planted_master_that_takes_completions_in_arrival_order_is_caught(monk
     monkeypatch.setattr(after.Dependencies, "parks", lambda self, tid, result: False)
     caught = caught_with_after()
     assert len(caught) >= 2, caught
+
+
+@pytest.mark.timeout(180)
+def test_chains_handed_off_across_workers_stay_exact_through_scale_out_and_drain(tmp_path):
+    """Through real processes and litzctl: chains hopping across executors, each step sent 3 ahead after the one
+    before, many across workers (hand-offs, A9), while the job scales out to 3 workers and then drains the first
+    (executors move with steps held for them, hand-offs owed and hand-offs on the way). Every step reads exactly
+    the steps before it, every update counts once, and most steps with a predecessor elsewhere went ahead."""
+    name, out = "after-elastic", tmp_path / "out.json"
+    chains, steps = 8, 300
+    with Processes() as procs:
+        job = procs.start(["litz", "run", app_path("chains"), "--name", name, "--executors", "8",
+                           "--placement", "even", "--config", f"chains={chains}", f"steps={steps}", "sleep=0.003",
+                           "ahead=3", "--output", str(out), "--no-progress"])
+        wait_for(lambda: (s := status(name)) and s["tasks_completed"] > 200, 30, "the job running")
+        assert ctl(name, "scale", "--workers", "3").returncode == 0
+        wait_for(lambda: (s := status(name)) and len(s["workers"]) == 3
+                 and all(w["executors"] for w in s["workers"]), 30, "executors on the third worker")
+        assert ctl(name, "drain", "w0").returncode == 0
+        stdout, stderr = job.communicate(timeout=120)
+        assert job.returncode == 0, stderr
+    result = json.loads(stdout)
+    check_result(result, steps=steps, chains=chains)
+    assert result["remote"] >= chains * steps // 4, result["remote"]  # sent ahead with a predecessor elsewhere
+    kinds = [e["kind"] for e in json.loads(out.read_text())["events"]]
+    assert "scale_out" in kinds and "recovery" not in kinds, kinds
 
 
 @pytest.mark.timeout(60)

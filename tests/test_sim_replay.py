@@ -18,6 +18,7 @@ SEEDS = [
     (3044, None),  # checkpoint, memory, scale, drain, evict, rebalance
     (1201, "kill,checkpoint,drain,scale"),  # checkpoint, kill, scale, steal, recovery, rebalance
     (1928, "kill,checkpoint,drain,scale"),  # scale, drain, kill, recovery
+    (94, None),  # after= on 3 workers: relays of hand-offs to several workers (ran differently while kept in a set)
 ]
 
 

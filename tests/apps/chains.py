@@ -5,6 +5,10 @@ must equal t if every earlier step's update is visible (the consistency rule), t
 also adds 1 to "total" and a block of ones to arrays of several dtypes, so lost or doubled updates show.
 Executors count the tasks they ran (state that must survive migration and recovery) and check their
 input data (which is re-loaded, never moved, on scale-in).
+
+With ``ahead`` = k in the config each chain keeps k steps dispatched beyond the one running, each with
+``after=`` the step before (consecutive steps run on neighbouring executors, often on two workers: the
+worker-to-worker hand-off); the result then also counts the steps sent ahead with a predecessor on another worker.
 """
 import os
 import time
@@ -27,8 +31,21 @@ class Chains(litz.Driver):
         self.runs = {}  # log_runs: worker pid -> [start, end] wall times of every task its executors ran
         if self.config.get("log_runs"):
             self.report(log_runs=1)  # a --metrics row: its "time" - "t" is the job log's start (events' clock)
+        self.ahead = self.config.get("ahead", 0)
+        if self.ahead:
+            self.sent, self.done, self.last = [0] * self.chains, [0] * self.chains, [None] * self.chains
         for c in range(self.chains):
-            self.dispatch_task(c % self.num_executors, ("step", c, 0))
+            if self.ahead:
+                self.send_ahead(c)
+            else:
+                self.dispatch_task(c % self.num_executors, ("step", c, 0))
+
+    def send_ahead(self, c):
+        """Chain c's steps up to ``ahead`` beyond the one running, each after the step before."""
+        while self.sent[c] < self.steps and self.sent[c] <= self.done[c] + self.ahead:
+            t = self.sent[c]
+            self.last[c] = self.dispatch_task((c + t) % self.num_executors, ("step", c, t), after=self.last[c])
+            self.sent[c] += 1
 
     def handle_partial_recovery(self, info):
         return False if self.config.get("refuse_partial") else None  # as an app that cannot recount would
@@ -38,7 +55,9 @@ class Chains(litz.Driver):
         if kind == "check":
             ran = sum(self.counts.values())
             runs = {"runs": self.runs} if self.config.get("log_runs") else {}
-            self.finish({"violations": self.violations, "tasks_ran": ran, **result[1], **runs})
+            after = self._litz.after  # runtime internals (the master's table of pending tasks): tests only
+            remote = {"remote": after.sent_ahead_remote} if self.ahead and after is not None else {}
+            self.finish({"violations": self.violations, "tasks_ran": ran, **result[1], **runs, **remote})
         elif kind == "count":
             self.counts[result[1]] = result[2]
             for pid, spans in result[3].items():
@@ -49,13 +68,16 @@ class Chains(litz.Driver):
             _, c, t, seen = result
             if seen != t:
                 self.violations.append([c, t, seen])
-            if t + 1 < self.steps:
-                self.dispatch_task((c + t + 1) % self.num_executors, ("step", c, t + 1))
-            else:
+            if t + 1 == self.steps:
                 self.left -= 1
                 if self.left == 0:
                     for e in range(self.num_executors):
                         self.dispatch_task(e, ("count",))
+            elif self.ahead:
+                self.done[c] += 1
+                self.send_ahead(c)
+            else:
+                self.dispatch_task((c + t + 1) % self.num_executors, ("step", c, t + 1))
 
 
 class ChainExecutor(litz.Executor):
