@@ -145,9 +145,7 @@ class Dependencies:
             self.sent_ahead_remote += 1
             destinations, handoffs = self.destinations, self.handoffs
             for tid, worker in remote:
-                told = destinations.get(tid)
-                if told is None:
-                    told = destinations[tid] = {}
+                told = destinations.setdefault(tid, {})
                 if where not in told:
                     told[where] = None
                     handoffs[worker].append((tid, where))

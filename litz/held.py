@@ -105,14 +105,13 @@ class HeldTasks:
         self._done_for(tid, written, None, released)
         return released
 
-    def hand_off(self, tids: list, written: Any) -> dict[str, list]:
-        """``tids``, which wrote ``written``, are reported done here: the hand-offs they owe, by destination."""
-        out: dict[str, list] = {}
+    def hand_off(self, tids: list, written: Any, out: dict[str, list]) -> None:
+        """``tids``, which wrote ``written``, are reported done here: the hand-offs they owe go into ``out`` (a
+        defaultdict(list) by destination)."""
         handoff_to = self.handoff_to
         for tid in tids:
             for dest in handoff_to.pop(tid, ()):
-                out.setdefault(dest, []).append((tid, written))
-        return out
+                out[dest].append((tid, written))
 
     def drop_handoffs(self, tids: Iterable[int]) -> None:
         """``tids`` leave this worker unfinished (with their executor, or back to the master): their hand-offs are

@@ -452,20 +452,18 @@ class Worker(Process):
 
     def owe_handoffs(self, items: list) -> None:
         """The master says a task sent ahead to ``dest`` waits for ``tid``, a task here: hand it off once it is
-        reported done (now, if it is). A task no longer here (its executor left) is the master's relay's (A9)."""
+        reported done (with this read's completions, if it is). A task no longer here (its executor left) is the
+        master's relay's (A9)."""
         held, n = self.held, self.num_executors
-        out: dict[str, list] = {}
         for tid, dest in items:
             if type(tid) is not int or type(dest) is not str:
                 raise BadMessage("TASKS with a hand-off that is not (task id, worker)", f"{tid!r:.20}")
             if tid in held.acked:
-                out.setdefault(dest, []).append((tid, held.acked[tid]))
+                self.handoffs_out[dest].append((tid, held.acked[tid]))
             else:
                 eid = tid % n
                 if (eid in self.executors or eid in self.residency.spilled) and eid not in self.moving:
                     held.handoff_to.setdefault(tid, []).append(dest)
-        for dest, done in out.items():
-            self.send(dest, (P.HANDOFF, done))
 
     def handed_off(self, items: list, relayed: bool) -> None:
         """Tasks of other workers are reported done (A9): their keys are invalidated here before anything else
@@ -1246,8 +1244,7 @@ class Worker(Process):
             for task in held.sent_done(tids, written):  # A2
                 self.release(task)
             if held.handoff_to:  # tasks sent ahead to other workers wait for some of these (A9)
-                for dest, done in held.hand_off(tids, written).items():
-                    self.handoffs_out[dest].extend(done)
+                held.hand_off(tids, written, self.handoffs_out)
         self.done_out.append((results, written, tasks))
 
     def send_done_out(self) -> None:
