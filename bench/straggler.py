@@ -64,7 +64,8 @@ WORKLOADS = {
                                           "staleness": 0, "seed": 0, "epochs": 10_000},
             "quick": {"n": 200_000}},
     "lda": {"app": "apps.lda", "config": {"synthetic": 1, "docs": 40_000, "vocab": 5_000, "doc_length": 100,
-                                          "topics": 100, "epochs": 10_000, "seed": 0},
+                                          "topics": 100, "epochs": 10_000, "seed": 0,
+                                          "blocks": 16},  # one per executor: as measured (the default picks 6 here)
             "quick": {"docs": 20_000}},
     "kmeans": {"app": "apps.kmeans", "config": {"synthetic": 1, "n": 400_000, "d": 32, "k": 64, "batch": 131_072,
                                                 "epochs": 10_000, "seed": 0, "init_sample": 5_000},

@@ -138,6 +138,16 @@ class Driver:
         getter = getattr(self._litz, "executor_speed", None)
         return None if getter is None else getter(executor)
 
+    def num_workers(self) -> int | None:
+        """How many workers the job has now, draining ones not counted; None in a runtime that does not say.
+
+        Why: an app whose parallelism is fixed by its own data layout (LDA's vocabulary blocks: at most one task
+        per block runs at a time) needs at least as many such units as there are workers to keep them busy, and
+        only the runtime knows how many there are. It changes as the job scales: read it when deciding, do not
+        keep it. Cheap."""
+        getter = getattr(self._litz, "num_workers", None)
+        return None if getter is None else getter()
+
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state.pop("_litz", None)

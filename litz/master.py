@@ -965,6 +965,10 @@ class Master(Process):
         speed = self.speeds().get(worker)
         return None if speed is None else speed / held[worker]
 
+    def num_workers(self) -> int:
+        """``Driver.num_workers``: the workers that are not draining."""
+        return sum(1 for m in self.workers.values() if m.state != "draining")
+
     # -- elasticity ----------------------------------------------------------------------------------
     def rebalance(self, kind: str, processes: list[str]) -> None:
         """Plan and start the moves that spread executors and shards over the active processes."""

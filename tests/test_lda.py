@@ -102,7 +102,7 @@ def check_invariant(result: dict, epochs: int, executors: int) -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("executors, blocks", [(6, None), (3, 5), (6, 4)])
 def test_counts_invariant_and_block_schedule(executors, blocks) -> None:
-    config = {**SMALL, "epochs": 3, "check_counts": 1, **({"blocks": blocks} if blocks else {})}
+    config = {**SMALL, "epochs": 3, "check_counts": 1, "blocks": blocks or executors}
     result = litz.run("apps.lda", workers=2, servers=2, executors=executors, config=config, progress=False)
     assert result["blocks"] == (blocks or executors)
     check_invariant(result, 3, executors)
@@ -156,16 +156,17 @@ def test_the_same_seed_gives_the_same_topics(tmp_path) -> None:
 
 def in_process(config: dict, num_executors: int, seed: int) -> inprocess.InProcess:
     """The schedule logic itself, with no runtime underneath: tasks complete in a random order, each reading
-    the server as it was when the task was dispatched (the stalest view the consistency rule allows)."""
+    the server as it was when the task was dispatched (the stalest view the consistency rule allows). Without
+    after= (``ahead_in_process`` has it): ahead=0 unless the config says otherwise."""
     import apps.lda as lda
 
-    return inprocess.InProcess(lda.LDADriver, lda.LDAExecutor, config, num_executors, seed=seed)
+    return inprocess.InProcess(lda.LDADriver, lda.LDAExecutor, {"ahead": 0, **config}, num_executors, seed=seed)
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("executors, blocks", [(5, None), (3, 7), (7, 3), (4, 1)])
 def test_schedule_in_process_with_random_completion_order(executors, blocks) -> None:
-    config = {**SMALL, "docs": 300, "epochs": 3, "check_counts": 1, **({"blocks": blocks} if blocks else {})}
+    config = {**SMALL, "docs": 300, "epochs": 3, "check_counts": 1, "blocks": blocks or executors}
     for seed in range(3):
         check_invariant(in_process(config, executors, seed).run(), 3, executors)
 
@@ -190,7 +191,7 @@ def test_totals_are_those_of_the_tasks_before_in_the_schedule(monkeypatch, execu
         return got
 
     monkeypatch.setattr(lda.LDADriver, "_totals", checked)
-    config = {**SMALL, "docs": 300, "epochs": 3, "check_counts": 1, **({"blocks": blocks} if blocks else {})}
+    config = {**SMALL, "docs": 300, "epochs": 3, "check_counts": 1, "blocks": blocks or executors}
     for seed in range(2):
         check_invariant(in_process(config, executors, seed).run(), 3, executors)
     assert seen and all(n == seen[0] for n in seen)  # totals always count every token once
@@ -228,7 +229,7 @@ def test_a_completion_reuses_its_dispatchs_clock_and_learns_the_same(monkeypatch
     compute: the same seed and completion order learn the same counts with them as with recomputing."""
     import apps.lda as lda
 
-    config = {**SMALL, "docs": 300, "epochs": 3, "check_counts": 1}
+    config = {**SMALL, "docs": 300, "epochs": 3, "check_counts": 1, "blocks": 4}
     kept = in_process(config, 4, 3).run()
     reuse = lda.LDADriver._count_totals
 
@@ -266,9 +267,51 @@ def test_schedule_checks_catch_a_broken_schedule(monkeypatch) -> None:
     original = lda.LDADriver._sampled
     monkeypatch.setattr(lda.LDADriver, "_try", greedy)
     monkeypatch.setattr(lda.LDADriver, "_sampled", completed)
-    result = in_process({**SMALL, "docs": 300, "epochs": 2, "check_counts": 1}, 4, seed=0).run()
+    result = in_process({**SMALL, "docs": 300, "epochs": 2, "check_counts": 1, "blocks": 4}, 4, seed=0).run()
     sched = result["schedule"]
     assert sched["overlaps"] > 0 and any("read hold count" in v for v in sched["violations"]), sched
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("roundtrip", [None, "reload"])
+def test_more_workers_than_the_corpus_gives_blocks_lay_the_tokens_out_again(roundtrip) -> None:
+    """A small corpus gets 2 blocks by default; with 5 workers at the start the driver asks the executors for 5,
+    and each lays its tokens out again before its first topics. An executor reloaded from its state (as after
+    a move or a restore) keeps that layout, and the counts invariant holds."""
+    import apps.lda as lda
+
+    config = {**SMALL, "docs": 300, "epochs": 2, "check_counts": 1, "ahead": 0}
+    for workers, blocks in ((None, 2), (1, 2), (5, 5), (9, 6)):  # never more than the 6 executors
+        run = inprocess.InProcess(lda.LDADriver, lda.LDAExecutor, config, 6, seed=1, roundtrip=roundtrip,
+                                  workers=workers)
+        result = run.run()
+        assert result["blocks"] == blocks, (workers, result["blocks"])
+        check_invariant(result, 2, 6)
+        assert {ex.blocks.num_blocks for ex in run.executors} == {blocks}
+
+
+@pytest.mark.timeout(120)
+def test_default_blocks_and_ahead_through_litz_run(tmp_path) -> None:
+    """Over-partitioned on a small corpus (16 executors a worker) the default takes 2 blocks, not 32, and sends
+    rounds ahead; 3 workers at the start take 3. A job scaled out past its blocks says so on stderr."""
+    config = {**SMALL, "epochs": 3, "check_counts": 1}
+    over = litz.run("apps.lda", workers=2, servers=1, executors=32, progress=False, config=config)
+    assert over["blocks"] == 2 and over["schedule"]["ahead"] and over["schedule"]["dispatched_ahead"] > 0
+    check_invariant(over, 3, 32)
+    three = litz.run("apps.lda", workers=3, servers=1, executors=6, progress=False, config=config)
+    assert three["blocks"] == 3 and three["schedule"]["ahead"]
+    check_invariant(three, 3, 6)
+    name, m = "lda-few-blocks", tmp_path / "m.jsonl"
+    with Processes() as procs:
+        job = procs.start(endless(name, 4, "--workers", "1", "--metrics", str(m)))
+        wait_for(lambda: counts_reports(m), 20, "a first epoch")
+        assert ctl(name, "scale", "--workers", "3").returncode == 0
+        wait_for_more_checks(m, len(counts_reports(m)), 2, 15)
+        assert ctl(name, "stop").returncode == 0
+        _, stderr = job.communicate(timeout=15)
+        assert job.returncode == 0, stderr
+    assert stderr.count("the job has 3 workers but 2 vocabulary blocks") == 1, stderr
+    check_reports(m)
 
 
 # ------------------------------------------------------------------------------------ elastic and recovery
@@ -368,8 +411,8 @@ def test_killed_server_with_partial_recovery_recounts_the_counts(tmp_path, ahead
     the master) before it recounts."""
     name, m, out, ckpt = f"lda-partial-{ahead}", tmp_path / "m.jsonl", tmp_path / "out.json", tmp_path / "ckpt"
     with Processes() as procs:
-        job = procs.start(endless(name, 6, f"ahead={ahead}", "--servers", "2", "--metrics", str(m), "--output",
-                                  str(out), "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2",
+        job = procs.start(endless(name, 6, "blocks=6", f"ahead={ahead}", "--servers", "2", "--metrics", str(m),
+                                  "--output", str(out), "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2",
                                   "--partial-recovery"))
 
         def checkpointed():
@@ -509,7 +552,7 @@ def test_ahead_totals_are_those_of_the_tasks_before_but_the_two_predecessors(mon
     executor's previous change where that is not among them: checked against the schedule's DAG built here."""
     import apps.lda as lda
 
-    config = {**SMALL, "docs": 300, "epochs": 3, "check_counts": 1, **({"blocks": blocks} if blocks else {})}
+    config = {**SMALL, "docs": 300, "epochs": 3, "check_counts": 1, "blocks": blocks or executors}
     B = blocks or executors
     preds = schedule_predecessors(executors, B, 3 * B)
     memo: dict = {}
@@ -556,7 +599,7 @@ def test_ahead_recount_after_a_partial_recovery_in_process(executors, blocks) ->
     """A partial recovery while tasks are dispatched ahead, a third into the second epoch: the driver stops
     dispatching, waits for the tasks in flight (at most two an executor), recounts, and every counts check after
     it holds."""
-    config = {**SMALL, "docs": 300, "epochs": 4, "check_counts": 1, **({"blocks": blocks} if blocks else {})}
+    config = {**SMALL, "docs": 300, "epochs": 4, "check_counts": 1, "blocks": blocks or executors}
     E, B = executors, blocks or executors
     for seed in range(2):
         run = ahead_in_process(config, E, seed, lose_at=E + E * B + 2 * E + E * B // 3)  # inits, epoch, checks
@@ -581,7 +624,7 @@ def test_ahead_schedule_checks_catch_a_task_dispatched_after_its_previous_round_
         return litz.Driver.dispatch_task(self, e, args, after)
 
     monkeypatch.setattr(lda.LDADriver, "dispatch_task", p1_only, raising=False)
-    result = ahead_in_process({**SMALL, "docs": 300, "epochs": 2, "check_counts": 1}, 4, seed=0).run()
+    result = ahead_in_process({**SMALL, "docs": 300, "epochs": 2, "check_counts": 1, "blocks": 4}, 4, seed=0).run()
     violations = result["schedule"]["violations"]
     assert any("read hold count" in v for v in violations), violations
     assert any("completed before the earlier holder" in v for v in violations), violations

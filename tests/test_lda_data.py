@@ -415,3 +415,23 @@ def test_shipped_executor_uses_the_cached_sampler(tmp_path) -> None:
     shipped, used = out.stdout.split()
     assert shipped == "NullCache"  # the by-value copy: why the executor must not call it directly
     assert used == "FunctionCache"
+
+
+def test_default_blocks_keep_tasks_big_enough_and_at_least_the_workers() -> None:
+    """Unset, ``blocks`` is one per executor unless tasks would sample fewer than TASK_TOKENS tokens: then as many
+    as keep them that big, never fewer than 2 or the workers at the start, never more than executors or words."""
+    from apps.lda.settings import TASK_TOKENS
+
+    auto = Settings.from_config({"synthetic": 1})
+    assert auto.blocks is None and auto.ahead is None
+    big = 64 * 32 * TASK_TOKENS
+    assert auto.num_blocks(32, 5000, big) == 32  # a big corpus: one per executor, as always
+    assert auto.num_blocks(32, 5000, 3_600_000) == 3_600_000 // (32 * TASK_TOKENS) == 2  # 3.6M tokens at 16/worker
+    assert auto.num_blocks(32, 5000, 14_400_000) == 11
+    assert auto.num_blocks(32, 5000, 1000) == 2  # tiny: still two, so two workers both have work
+    assert auto.num_blocks(32, 5000, 1000, min_blocks=5) == 5  # the workers at the start
+    assert auto.num_blocks(4, 5000, 1000, min_blocks=9) == 4  # never more than executors...
+    assert auto.num_blocks(32, 3, big) == 3  # ... or words
+    assert auto.num_blocks(1, 5000, 1000) == 1
+    fixed = Settings.from_config({"synthetic": 1, "blocks": 7})
+    assert fixed.num_blocks(32, 5000, big, min_blocks=12) == 7 and fixed.num_blocks(32, 5, big) == 5

@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import time
 from collections import deque
 from typing import Any
@@ -116,10 +117,11 @@ class LDAExecutor(litz.Executor):
     ndk: np.ndarray | None = None  # doc-topic counts (docs x K, int16 or int32): rebuilt from z on arrival
     next_round: int = 0  # the round this executor expects next (a lost or repeated task shows)
     last_delta: np.ndarray | None = None  # the change of the topic totals of round next_round - 1 (ahead=1 adds it)
+    min_blocks: int = 0  # the driver's floor on the blocks (the workers at the start), from "init": state
 
     def load_input(self) -> None:
         self.settings = Settings.from_config(self.config)
-        part = data.partition(self.settings, self.executor_id, self.num_executors)
+        part = data.partition(self.settings, self.executor_id, self.num_executors, self.min_blocks)
         self.layout, self.blocks = part.layout, part.blocks
         self.doc_lo, self.num_docs = part.doc_lo, part.num_docs
         self.num_words, self.total_tokens = part.num_words, part.total_tokens
@@ -136,7 +138,7 @@ class LDAExecutor(litz.Executor):
         if kind == "sample":
             return self._sample(*args[1:])
         if kind == "init":
-            return self._init()
+            return self._init(*args[1:])
         if kind == "check":
             return self._check(args[1])
         if kind == "check2":
@@ -177,7 +179,10 @@ class LDAExecutor(litz.Executor):
         return int(self.z.nbytes) + 64
 
     # -- tasks -----------------------------------------------------------------------------------------
-    def _init(self) -> dict[str, Any]:
+    def _init(self, min_blocks: int = 0) -> dict[str, Any]:
+        if self.z is None and min_blocks > self.blocks.num_blocks:  # more workers than the corpus's size gave blocks
+            self.min_blocks = min_blocks
+            self.load_input()  # the same documents, laid out by more blocks; kept in the state for reloads
         s, L = self.settings, self.layout
         if self.z is None:
             self.z = kernels.random_topics(L.tokens, self.K, kernels.task_seed(s.sampler_seed, self.executor_id, -1))
@@ -322,8 +327,9 @@ class LDADriver(litz.Driver):
         self.s = Settings.from_config(self.config)
         self.output = model_path(self.s.output)  # a bad path fails now, not after training
         self.infos: dict[int, dict] = {}
-        for e in range(self.num_executors):
-            self.dispatch_task(e, ("init",))
+        workers = self.num_workers() or 0
+        for e in range(self.num_executors):  # at least as many blocks as workers, so none waits for lack of one
+            self.dispatch_task(e, ("init", min(workers, self.num_executors)))
 
     def handle_task_completion(self, result: dict) -> None:
         kind = result["kind"]
@@ -352,6 +358,9 @@ class LDADriver(litz.Driver):
         info = self.infos[0]
         self.B, self.V, self.D = info["blocks"], info["num_words"], info["num_docs"]
         self.N = info["total_tokens"]
+        if any(i["blocks"] != self.B for i in self.infos.values()):
+            raise RuntimeError("executors laid their tokens out by different numbers of blocks")
+        self.few_blocks_said = False  # the job has more workers than blocks: said once (_end_epoch)
         if sum(i["tokens"] for i in self.infos.values()) != self.N:
             raise RuntimeError("executors' token counts do not add up to the corpus's")
         self._vocabulary()  # a bad vocabulary file fails now, not after training
@@ -397,7 +406,9 @@ class LDADriver(litz.Driver):
         # completes (its executor runs one task at a time and holds the block), so its completion reuses them
         self.in_flight_clock: dict[int, tuple] = {}
         self.epoch_totals = np.array(nk0)  # after every task of the epochs done so far
-        self.ahead = s.ahead
+        # by default ahead when executors take turns on a block (B < E): each turn is handed on by the worker,
+        # without the master; with B = E a round has E tasks ready to run and nothing waits for that hop
+        self.ahead = s.ahead if s.ahead is not None else self.B < E
         if self.ahead:  # the clocks of the tasks dispatched last (see _try_ahead); busy counts tasks in flight
             self.done = [-1] * E  # per executor, its last completed round
             # the predecessors (executor, round) of executor e's and of block b's last dispatched task
@@ -755,6 +766,12 @@ class LDADriver(litz.Driver):
             self._end_epoch(epoch)
 
     def _end_epoch(self, epoch: int) -> None:
+        workers = self.num_workers()
+        if workers is not None and workers > self.B and not getattr(self, "few_blocks_said", True):
+            self.few_blocks_said = True
+            print(f"apps.lda: the job has {workers} workers but {self.B} vocabulary blocks, and at most one task per "
+                  f"block runs at a time: set config blocks={workers} or more (and the executors to a multiple) "
+                  f"to keep them all busy", file=sys.stderr, flush=True)
         if self.s.check_counts:
             self._check_round(epoch)
         elif epoch + 1 == self.s.epochs:
@@ -821,7 +838,7 @@ class LDADriver(litz.Driver):
                     self.violations.append(f"block {b} is still held by executor {e} (round {r}) at the end")
         return {"holds": sum(self.holds_seen), "expected_holds": self.num_executors * self.total_rounds,
                 "overlaps": self.overlaps, "violations": list(self.violations), "stale_holds": self.stale_holds,
-                "dispatched_ahead": self.dispatched_ahead,
+                "ahead": bool(self.ahead), "dispatched_ahead": self.dispatched_ahead,
                 "stale_epochs": self.stale_epochs}
 
     def _finish(self) -> None:

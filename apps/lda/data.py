@@ -434,17 +434,18 @@ class Partition:
     total_tokens: int  # tokens in the corpus
 
 
-def partition(s: Settings, executor: int, num_executors: int) -> Partition:
+def partition(s: Settings, executor: int, num_executors: int, min_blocks: int = 0) -> Partition:
     """Executor ``executor``'s documents (a contiguous range balanced by tokens) and the vocabulary blocks.
 
-    Everything here is a deterministic function of the config and the executor count, so re-loading after
-    a move or a recovery yields the same token order and the executor's topic assignments ``z`` still fit.
+    Everything here is a deterministic function of the config, the executor count and ``min_blocks`` (kept in
+    the executor's state), so re-loading after a move or a recovery yields the same token order and the
+    executor's topic assignments ``z`` still fit.
     """
     if s.synthetic:
         lengths = synthetic_lengths(s.docs, s.doc_length, s.seed)
         V = s.vocab
         expected = synthetic_topics(s.vocab, s.topics, s.gen_beta, s.seed).mean(axis=0) * lengths.sum()
-        blocks = vocab_blocks(expected, s.num_blocks(num_executors, V))
+        blocks = vocab_blocks(expected, s.num_blocks(num_executors, V, int(lengths.sum()), min_blocks))
         bounds = doc_ranges(lengths, num_executors)
         lo, hi = int(bounds[executor]), int(bounds[executor + 1])
         doc, word = synthetic_docs(lo, hi, s)
@@ -453,7 +454,7 @@ def partition(s: Settings, executor: int, num_executors: int) -> Partition:
     corpus = read_docword(s.corpus)
     V = corpus.num_words
     freq = np.bincount(corpus.word, weights=corpus.count, minlength=V)
-    blocks = vocab_blocks(freq, s.num_blocks(num_executors, int(np.count_nonzero(freq))))
+    blocks = vocab_blocks(freq, s.num_blocks(num_executors, int(np.count_nonzero(freq)), int(freq.sum()), min_blocks))
     lengths = np.bincount(corpus.doc, weights=corpus.count, minlength=corpus.num_docs).astype(np.int64)
     bounds = doc_ranges(lengths, num_executors)
     lo, hi = int(bounds[executor]), int(bounds[executor + 1])

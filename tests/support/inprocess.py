@@ -26,12 +26,14 @@ class InProcess:
     ("reload", as a move on scale-in or a restore from a checkpoint does).
     ``speeds``: what ``Driver.executor_speed(e)`` returns, a dict executor -> tasks per second or a callable of
     (executor, this runtime), as the master's measure would; None (the default) for every executor, as before
-    the first measurement.
+    the first measurement. ``workers``: what ``Driver.num_workers()`` returns (None: not said).
     """
 
     def __init__(self, driver_cls: type, executor_cls: type, config: dict, num_executors: int, seed: int = 0,
-                 view: str = "dispatch", roundtrip: str | None = None, speeds=None, after_task=None) -> None:
+                 view: str = "dispatch", roundtrip: str | None = None, speeds=None, after_task=None,
+                 workers: int | None = None) -> None:
         self.rng = random.Random(seed)
+        self.workers = workers
         self.view_mode, self.roundtrip, self.speeds, self.after_task = view, roundtrip, speeds, after_task
         self.executor_cls = executor_cls
         self.ps: dict = {}
@@ -76,6 +78,9 @@ class InProcess:
         if callable(self.speeds):
             return self.speeds(executor, self)
         return None if self.speeds is None else self.speeds.get(executor)
+
+    def num_workers(self) -> int | None:
+        return self.workers
 
     # executor context
     def ps_get(self, key):
