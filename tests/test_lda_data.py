@@ -227,11 +227,17 @@ def test_sample_task_is_sample_block_with_its_delta() -> None:
     np.testing.assert_array_equal(wt, wt2)
     np.testing.assert_array_equal(ndk, ndk2)
     np.testing.assert_array_equal(wt_read, wt_read_before)  # the block as read is left as it was
-    np.testing.assert_array_equal(delta, wt2 - wt_read)
+    exact = wt2 - wt_read
+    assert delta.dtype == np.int8 and np.array_equal(delta, exact)  # within int8 here
     np.testing.assert_array_equal(nk_delta, nk2 - nk_read)
-    assert (lo, hi) == (min(0, int(delta.min())), max(0, int(delta.max()))) and lo < 0 < hi
-    small = kernels.compact_delta(delta, lo, hi)
-    assert small.dtype == np.int8 and np.array_equal(small, delta)
+    assert (lo, hi) == (min(0, int(exact.min())), max(0, int(exact.max()))) and lo < 0 < hi
+    assert kernels.block_delta(delta, lo, hi, wt, wt_read) is delta
+    big = wt_read.copy()  # a count that moved by 200 (and one by -3): the int8 delta wraps, the exact one is sent
+    big[0, 0] += 200
+    big[1, 1] -= 3
+    wrapped = (big - wt_read).astype(np.int8)
+    sent = kernels.block_delta(wrapped, -3, 200, big, wt_read)
+    assert sent.dtype == np.int16 and np.array_equal(sent, big - wt_read)
     assert doc_ll == kernels.doc_log_likelihood(ndk2, L.doc_len, 0.1)
     assert (word_ll, cols.tolist()) == (kernels.word_log_likelihood(wt2, 0.01)[0], wt2.sum(axis=0).tolist())
     *_, no_doc, no_word, no_cols = kernels.sample_task(L.word, z, *args, ndk, wt_read, nk_read.copy(), L.doc_len,

@@ -225,7 +225,7 @@ class LDAExecutor(litz.Executor):
         wt, delta, nk_delta, changed, lo, hi, doc_ll, word_ll, cols = _sampler()(
             L.word, self.z, L.run_doc, L.run_ptr, r0, r1, ndk, wt_ps, nk, L.doc_len, s.alpha, s.beta,
             s.beta * self.num_words, seed, bool(ll_doc), bool(ll_word))
-        self.ps_update_many([(("wt", block), kernels.compact_delta(delta, lo, hi)), (("hold", block), 1)])
+        self.ps_update_many([(("wt", block), kernels.block_delta(delta, lo, hi, wt, wt_ps)), (("hold", block), 1)])
         self.next_round, self.last_delta = rnd + 1, nk_delta
         out: dict[str, Any] = {"kind": "sample", "executor": self.executor_id, "round": rnd, "block": block,
                                "hold": int(hold or 0), "tokens": int(L.run_ptr[r1] - L.run_ptr[r0]),

@@ -310,24 +310,24 @@ def sample_task(word, z, run_doc, run_ptr, r0, r1, ndk, wt_ps, nk, doc_len, alph
     right after the kernel and 2 us right after itself). Doing the copy, the subtraction and the range here
     saved about 9 us of CPU a task (32 executors, 3.6M tokens, 3 alternating pairs: 398, 393, 398 against
     407, 399, 412 us of CPU a task from its values in hand to its end), about 2% of an epoch there.
-    Returns ``(wt, delta, nk_delta, changed, lo, hi, doc_ll, word_ll, cols)``: the block after sampling,
-    ``wt - wt_ps`` (int32), the change of ``nk``, the tokens that changed topic, the smallest and largest entry
-    of ``delta`` (for :func:`compact_delta`), and the log-likelihood parts with the block's column sums (0.0,
-    0.0 and zeros when not asked)."""
+    Returns ``(wt, delta8, nk_delta, changed, lo, hi, doc_ll, word_ll, cols)``: the block after sampling,
+    ``wt - wt_ps`` as int8 (wrapped where an entry is outside -128..127), the change of ``nk``, the tokens that
+    changed topic, the smallest and largest entry of the exact delta (:func:`block_delta` takes the int8 one when
+    they fit, the usual case), and the log-likelihood parts with the block's column sums (0.0, 0.0 and zeros
+    when not asked). The delta loop keeps its range with min and max, not branches: it then vectorises (20 us
+    against 88 for a 2 500-word block of K = 50), and writing int8 spares an int32 delta and a pass to narrow it."""
     wt = wt_ps.copy()
     nk0 = nk.copy()
     changed = sample_block(word, z, run_doc, run_ptr, r0, r1, ndk, wt, nk, doc_len, alpha, beta, vbeta, seed)
-    delta = np.empty_like(wt)
+    delta = np.empty(wt.shape, np.int8)
     after, before, out = wt.ravel(), wt_ps.ravel(), delta.ravel()
     lo = 0
     hi = 0
     for i in range(after.size):
         x = after[i] - before[i]
-        out[i] = x
-        if x < lo:
-            lo = x
-        elif x > hi:
-            hi = x
+        out[i] = np.int8(x)
+        lo = min(lo, x)
+        hi = max(hi, x)
     doc_ll = doc_log_likelihood(ndk, doc_len, alpha) if ll_doc else 0.0
     word_ll, cols = word_log_likelihood(wt, beta) if ll_word else (0.0, np.zeros(nk.shape[0], np.int64))
     return wt, delta, nk - nk0, changed, lo, hi, doc_ll, word_ll, cols
@@ -433,6 +433,15 @@ def word_log_likelihood(wt, beta):  # pragma: no cover
             if n > 0:
                 acc += table[n] if n < table.shape[0] else math.lgamma(n + beta) - math.lgamma(beta)
     return acc, cols
+
+
+def block_delta(delta8: np.ndarray, lo: int, hi: int, wt: np.ndarray, wt_ps: np.ndarray) -> np.ndarray:
+    """A task's change of its block as it goes to the server: :func:`sample_task`'s int8 delta when its range
+    ``lo..hi`` fits, else ``wt - wt_ps`` narrowed (:func:`compact_delta`; early sweeps of big tasks, where one
+    word's count in one topic moves by more than 127)."""
+    if -128 <= lo and hi <= 127:
+        return delta8
+    return compact_delta(wt - wt_ps, lo, hi)
 
 
 def compact_delta(delta: np.ndarray, lo: int, hi: int) -> np.ndarray:
