@@ -423,19 +423,19 @@ def test_shipped_executor_uses_the_cached_sampler(tmp_path) -> None:
     assert used == "FunctionCache"
 
 
-def test_default_blocks_keep_tasks_big_enough_and_at_least_the_workers() -> None:
-    """Unset, ``blocks`` is one per executor unless tasks would sample fewer than TASK_TOKENS tokens: then as many
-    as keep them that big, never fewer than 2 or the workers at the start, never more than executors or words."""
+def test_default_blocks_one_per_executor_for_big_tasks_else_one_per_worker() -> None:
+    """Unset, ``blocks`` is one per executor when a task then samples at least TASK_TOKENS tokens, else one per
+    worker at the start (at least 2); never more than executors or words."""
     from apps.lda.settings import TASK_TOKENS
 
     auto = Settings.from_config({"synthetic": 1})
     assert auto.blocks is None and auto.ahead is None
-    big = 64 * 32 * TASK_TOKENS
-    assert auto.num_blocks(32, 5000, big) == 32  # a big corpus: one per executor, as always
-    assert auto.num_blocks(32, 5000, 3_600_000) == 3_600_000 // (32 * TASK_TOKENS) == 2  # 3.6M tokens at 16/worker
-    assert auto.num_blocks(32, 5000, 14_400_000) == 11
-    assert auto.num_blocks(32, 5000, 1000) == 2  # tiny: still two, so two workers both have work
-    assert auto.num_blocks(32, 5000, 1000, min_blocks=5) == 5  # the workers at the start
+    big = 32 * 32 * TASK_TOKENS  # tokens / E**2 = TASK_TOKENS at 32 executors
+    assert auto.num_blocks(32, 5000, big) == 32 and auto.num_blocks(32, 5000, 57_600_000) == 32
+    assert auto.num_blocks(32, 5000, big - 1) == 2  # smaller tasks: one per worker (none said: 2)
+    assert auto.num_blocks(32, 5000, 3_600_000, min_blocks=2) == 2  # 16 executors a worker
+    assert auto.num_blocks(32, 5000, 14_400_000, min_blocks=3) == 3
+    assert auto.num_blocks(8, 5000, 3_600_000, min_blocks=2) == 8  # 4 a worker: 56k-token tasks
     assert auto.num_blocks(4, 5000, 1000, min_blocks=9) == 4  # never more than executors...
     assert auto.num_blocks(32, 3, big) == 3  # ... or words
     assert auto.num_blocks(1, 5000, 1000) == 1

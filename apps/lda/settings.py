@@ -86,16 +86,17 @@ class Settings:
         return self.seed if self.chain_seed is None else self.chain_seed
 
     def num_blocks(self, num_executors: int, vocab_size: int, tokens: int, min_blocks: int = 0) -> int:
-        """Vocabulary blocks B: ``blocks`` if set, at most the vocabulary size. By default one per executor,
-        unless that leaves a task (an executor's tokens of one block, about ``tokens / (E * B)``) fewer than
-        ``TASK_TOKENS``: then as many as keep tasks that big, but at least 2 and ``min_blocks`` (the workers at
-        the start: at most B tasks run at once). See apps/lda/README.md, *Blocks*."""
+        """Vocabulary blocks B: ``blocks`` if set, at most the vocabulary size. By default one per executor when
+        a task (an executor's tokens of one block, ``tokens / E**2``) then samples at least ``TASK_TOKENS``;
+        else one per worker at the start (``min_blocks``; at least 2), each a chain of larger tasks handed on
+        from executor to executor. Never more than the executors or the words. See apps/lda/README.md, *Blocks*."""
         if self.blocks:
             return max(1, min(self.blocks, vocab_size))
-        by_size = tokens // (num_executors * TASK_TOKENS)
-        return max(1, min(num_executors, vocab_size, max(2, min_blocks, by_size)))
+        E = num_executors
+        wanted = E if tokens // (E * E) >= TASK_TOKENS else max(2, min_blocks)
+        return max(1, min(E, vocab_size, wanted))
 
 
-# A task should sample at least this many tokens when the corpus allows: at about 90 ns a token that is 3.5 ms,
-# against about 0.17 ms of CPU the runtime spends on each task (dispatch, fetch, flush, completion), under 5%.
+# One block per executor when a task then samples at least this many tokens: at about 90 ns a token that is
+# 3.5 ms, against about 0.2 ms of CPU the runtime spends on each task (dispatch, fetch, flush, completion).
 TASK_TOKENS = 40_000
