@@ -42,7 +42,10 @@ def test_a_slow_worker_loses_executors_and_the_result_stays_exact(tmp_path):
         st = wait_for(shifted, 60, "w1 (slowed to a quarter) down to 5 or fewer of 16 executors")
         assert st["placement"] == "speed"
         speeds = {w["id"]: w["speed"] for w in st["workers"]}
-        assert speeds["w0"] > 2.5 * speeds["w1"], speeds  # measured: w1 runs at about a quarter of w0's speed
+        # w1 runs at about a quarter of w0's speed; the status's smoothed speeds measured 2.44x once, in a CI run
+        # under load just after the shift (as the first rebalance's below), so 2x: a measure that missed the
+        # straggler would be near 1x
+        assert speeds["w0"] > 2.0 * speeds["w1"], speeds
         assert len(st["workers"][0]["executors"]) + len(st["workers"][1]["executors"]) == 16
         # each executor's own time per task there: w1's tasks take the hook's 3x sleep on top; the tasks sleep
         # (sleep=0.004), so their CPU time is a small part of their time
