@@ -274,20 +274,24 @@ def test_schedule_checks_catch_a_broken_schedule(monkeypatch) -> None:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("roundtrip", [None, "reload"])
-def test_more_workers_than_the_corpus_gives_blocks_lay_the_tokens_out_again(roundtrip) -> None:
+def test_more_workers_than_the_corpus_gives_blocks_lay_the_tokens_out_again(roundtrip, capsys) -> None:
     """A small corpus gets 2 blocks by default; with 5 workers at the start the driver asks the executors for 5,
     and each lays its tokens out again before its first topics. An executor reloaded from its state (as after
-    a move or a restore) keeps that layout, and the counts invariant holds."""
+    a move or a restore) keeps that layout, and the counts invariant holds. Only blocks set below the workers
+    (and the executors) draw the message that more would keep them busy."""
     import apps.lda as lda
 
     config = {**SMALL, "docs": 300, "epochs": 2, "check_counts": 1, "ahead": 0}
-    for workers, blocks in ((None, 2), (1, 2), (5, 5), (9, 6)):  # never more than the 6 executors
-        run = inprocess.InProcess(lda.LDADriver, lda.LDAExecutor, config, 6, seed=1, roundtrip=roundtrip,
-                                  workers=workers)
+    for workers, blocks, extra in ((None, 2, {}), (1, 2, {}), (5, 5, {}), (9, 6, {}), (5, 3, {"blocks": 3})):
+        run = inprocess.InProcess(lda.LDADriver, lda.LDAExecutor, {**config, **extra}, 6, seed=1,
+                                  roundtrip=roundtrip, workers=workers)
         result = run.run()
-        assert result["blocks"] == blocks, (workers, result["blocks"])
+        assert result["blocks"] == blocks, (workers, result["blocks"])  # never more than the 6 executors
         check_invariant(result, 2, 6)
         assert {ex.blocks.num_blocks for ex in run.executors} == {blocks}
+        said = capsys.readouterr().err
+        assert said.count("vocabulary blocks") == (1 if extra else 0), (workers, said)
+        assert not extra or "the job has 5 workers but 3 vocabulary blocks" in said and "blocks=5 or more" in said
 
 
 @pytest.mark.timeout(120)
