@@ -180,7 +180,8 @@ class LDAExecutor(litz.Executor):
 
     # -- tasks -----------------------------------------------------------------------------------------
     def _init(self, min_blocks: int = 0) -> dict[str, Any]:
-        if self.z is None and min_blocks > self.blocks.num_blocks:  # more workers than the corpus's size gave blocks
+        if self.z is None and self.settings.blocks is None and min_blocks > self.blocks.num_blocks:
+            # more workers at the start than blocks by default
             self.min_blocks = min_blocks
             self.load_input()  # the same documents, laid out by more blocks; kept in the state for reloads
         s, L = self.settings, self.layout
