@@ -14,7 +14,7 @@ bench/README.md has the traces and profiles), and 16 executors per worker make 1
 at 1 and 16 per worker: 14.4M tokens (``--mid-repeats``; 4x less data per worker than the paper's low end)
 and 3.6M tokens (``--small-repeats``, ``lda_vs_tomotopy``'s corpus), each as its own row in the table, also at
 the app's default settings: there one block per executor would leave a task 14k and 3.5k tokens, under the
-app's ``TASK_TOKENS`` (40 000), so the default takes fewer blocks (11 and 2: apps/lda/README.md, *Blocks*), and
+app's ``TASK_TOKENS`` (40 000), so the default takes one block per worker (2: apps/lda/README.md, *Blocks*), and
 sends rounds ahead since executors then take turns on a block. The 3.6M row's target is 1.25x.
 The epoch time is the driver's per-epoch sampling time
 (``history[i].seconds``: from the end of one epoch to the end of the next, the log-likelihood included)
@@ -169,17 +169,18 @@ def main() -> int:
                    "elapsed_s": {k: statistics.median(r["elapsed_s"] for r in runs[k]) for k in PER_WORKER},
                    "ll_per_token": {k: statistics.median(r["ll_per_token"] for r in runs[k]) for k in PER_WORKER},
                    "tasks": {k: runs[k][0]["tasks"] for k in PER_WORKER},
-                   # an epoch is E rounds (blocks = executors): the time per round bounds the handoff latency
-                   "ms_per_round": {k: 1e3 * med[k] / (k * WORKERS) for k in PER_WORKER}}
+                   # an epoch is B rounds (B blocks): the time per round bounds the handoff latency
+                   "ms_per_round": {k: 1e3 * med[k] / runs[k][0]["blocks"] for k in PER_WORKER}}
     for name, (cfg, rounds) in extra_corpora.items():
         if rounds:
             em = {k: statistics.median(r["epoch_s"] for r in extra[name][k]) for k in (1, 16)}
             paired = _round_ratios(extra[name][16], extra[name][1])
             summary[name] = {"config": cfg, "epoch_s": em, "ratio_16_vs_1": statistics.median(paired),
                              "round_ratios": [round(x, 4) for x in paired], "ratio_of_medians": em[16] / em[1],
-                             "ms_per_round": {k: 1e3 * em[k] / (k * WORKERS) for k in em}, "runs": extra[name]}
+                             "ms_per_round": {k: 1e3 * em[k] / extra[name][k][0]["blocks"] for k in em},
+                             "runs": extra[name]}
             if name == "small_corpus" and rounds:
-                summary[name]["blocks"] = {}  # against 1/worker at ahead=modes[0] (the default: 0)
+                summary[name]["blocks"] = {}  # against 1/worker at ahead=modes[0] (the default: unset)
                 for (b, a), got in blocks_runs.items():
                     paired = _round_ratios(got, extra[name][1])
                     summary[name]["blocks"][f"{b},{a}"] = {

@@ -768,12 +768,12 @@ class LDADriver(litz.Driver):
 
     def _end_epoch(self, epoch: int) -> None:
         workers = self.num_workers()
-        if (workers is not None and self.B < min(workers, self.num_executors, self.V)
-                and not getattr(self, "few_blocks_said", True)):  # more blocks would keep more workers busy
+        useful = min(workers, self.num_executors, self.V) if workers is not None else 0  # blocks that could run
+        if self.B < useful and not getattr(self, "few_blocks_said", True):
             self.few_blocks_said = True
             print(f"apps.lda: the job has {workers} workers but {self.B} vocabulary blocks, and at most one task per "
-                  f"block runs at a time: set config blocks={min(workers, self.num_executors, self.V)} or more (and "
-                  f"the executors to a multiple) to keep them all busy", file=sys.stderr, flush=True)
+                  f"block runs at a time: set config blocks={useful} or more (and the executors to a multiple) to "
+                  f"keep them all busy", file=sys.stderr, flush=True)
         if self.s.check_counts:
             self._check_round(epoch)
         elif epoch + 1 == self.s.epochs:
